@@ -250,6 +250,7 @@ func (s *Store) Restore(r io.Reader) error {
 	s.notify = make(chan struct{})
 	s.mu.Unlock()
 	close(wake)
+	s.restores.Add(1)
 	return nil
 }
 

@@ -69,6 +69,7 @@ type Store struct {
 	notify   chan struct{} // closed and replaced after every applied batch
 
 	watchers atomic.Int64
+	restores atomic.Uint64
 }
 
 // New returns an empty store at revision 0.
@@ -83,7 +84,8 @@ func New(opts Options) *Store {
 	}
 }
 
-// Entry is one Raft log entry for ApplyBatch.
+// Entry is one Raft log entry for ApplyBatch. An entry with no Data stands for a Raft entry that carries no
+// command; it only advances the applied index.
 type Entry struct {
 	Index uint64
 	Data  []byte
@@ -114,7 +116,12 @@ func (s *Store) applyLocked(index uint64, data []byte) Result {
 		panic(fmt.Sprintf("fsm: entry %d applied after %d", index, s.applied))
 	}
 	s.applied = index
-	if len(data) > 0 && CommandType(data[0])&IgnoreUnknownFlag != 0 && commandTable[data[0]] == nil {
+	if len(data) == 0 {
+		// A Raft entry without a command (a configuration change): it moves the applied index only, so that
+		// reads waiting for that index do not wait for the next write.
+		return Result{Revision: s.revision}
+	}
+	if CommandType(data[0])&IgnoreUnknownFlag != 0 && commandTable[data[0]] == nil {
 		return Result{Revision: s.revision, Code: CodeInvalid}
 	}
 	cmd, err := DecodeCommand(data)
@@ -415,6 +422,9 @@ func (s *Store) CompactedRevision() int64 {
 	defer s.mu.RUnlock()
 	return s.history.compacted
 }
+
+// Restores returns how many snapshots this store restored, for tests and metrics.
+func (s *Store) Restores() uint64 { return s.restores.Load() }
 
 // Watchers returns the number of open watchers, for metrics.
 func (s *Store) Watchers() int64 { return s.watchers.Load() }

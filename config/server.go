@@ -1,0 +1,262 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+)
+
+// ServerFile is the schema of a server configuration file. Pointers mark optional keys, so that Merge can
+// tell "not set" from a zero value.
+type ServerFile struct {
+	Name          *string      `hcl:"name,optional"`
+	DataDir       *string      `hcl:"data_dir,optional"`
+	BindAddr      *string      `hcl:"bind_addr,optional"`
+	AdvertiseAddr *string      `hcl:"advertise_addr,optional"`
+	LogLevel      *string      `hcl:"log_level,optional"`
+	LogJSON       *bool        `hcl:"log_json,optional"`
+	Encrypt       *string      `hcl:"encrypt,optional"`
+	Ports         *PortsBlock  `hcl:"ports,block"`
+	Server        *ServerBlock `hcl:"server,block"`
+}
+
+// PortsBlock is `ports { ... }`.
+type PortsBlock struct {
+	API    *int `hcl:"api,optional"`
+	Raft   *int `hcl:"raft,optional"`
+	Gossip *int `hcl:"gossip,optional"`
+}
+
+// ServerBlock is `server { ... }`.
+type ServerBlock struct {
+	Enabled         *bool      `hcl:"enabled,optional"`
+	BootstrapExpect *int       `hcl:"bootstrap_expect,optional"`
+	RetryJoin       []string   `hcl:"retry_join,optional"`
+	RetryInterval   *string    `hcl:"retry_interval,optional"`
+	Raft            *RaftBlock `hcl:"raft,block"`
+	WatchHistory    *HistBlock `hcl:"watch_history,block"`
+}
+
+// RaftBlock is `server { raft { ... } }`.
+type RaftBlock struct {
+	HeartbeatTimeout   *string `hcl:"heartbeat_timeout,optional"`
+	ElectionTimeout    *string `hcl:"election_timeout,optional"`
+	LeaderLeaseTimeout *string `hcl:"leader_lease_timeout,optional"`
+	SnapshotThreshold  *int    `hcl:"snapshot_threshold,optional"`
+	SnapshotInterval   *string `hcl:"snapshot_interval,optional"`
+	TrailingLogs       *int    `hcl:"trailing_logs,optional"`
+	WriteTimeout       *string `hcl:"write_timeout,optional"`
+}
+
+// HistBlock is `server { watch_history { ... } }`.
+type HistBlock struct {
+	Events *int    `hcl:"events,optional"`
+	Age    *string `hcl:"age,optional"`
+}
+
+// Server is a resolved, validated server configuration.
+type Server struct {
+	Name          string
+	DataDir       string
+	BindAddr      string
+	AdvertiseAddr string
+	LogLevel      string
+	LogJSON       bool
+	Encrypt       string // base64 gossip key, empty for none
+	Ports         Ports
+
+	BootstrapExpect int
+	RetryJoin       []string // host:port of gossip members
+	RetryInterval   time.Duration
+
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	SnapshotThreshold  uint64
+	SnapshotInterval   time.Duration
+	TrailingLogs       uint64
+	WriteTimeout       time.Duration
+
+	HistoryEvents int
+	HistoryAge    time.Duration
+}
+
+// Ports are the listeners of a server.
+type Ports struct{ API, Raft, Gossip int }
+
+// Address helpers: every listener binds BindAddr; peers dial AdvertiseAddr.
+func (s *Server) APIAddr() string           { return net.JoinHostPort(s.BindAddr, strconv.Itoa(s.Ports.API)) }
+func (s *Server) RaftAddr() string          { return net.JoinHostPort(s.BindAddr, strconv.Itoa(s.Ports.Raft)) }
+func (s *Server) AdvertiseAPIAddr() string  { return net.JoinHostPort(s.AdvertiseAddr, strconv.Itoa(s.Ports.API)) }
+func (s *Server) AdvertiseRaftAddr() string { return net.JoinHostPort(s.AdvertiseAddr, strconv.Itoa(s.Ports.Raft)) }
+
+// DefaultServerFile holds the defaults, in file form so that one Merge layers them.
+func DefaultServerFile() *ServerFile {
+	host, _ := os.Hostname()
+	return &ServerFile{
+		Name:     ptr(host),
+		BindAddr: ptr("127.0.0.1"),
+		LogLevel: ptr("info"),
+		LogJSON:  ptr(false),
+		Ports:    &PortsBlock{API: ptr(6443), Raft: ptr(6444), Gossip: ptr(7946)},
+		Server: &ServerBlock{
+			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"),
+			Raft: &RaftBlock{
+				HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms"),
+				SnapshotThreshold: ptr(8192), SnapshotInterval: ptr("30s"), TrailingLogs: ptr(10240),
+				WriteTimeout: ptr("10s"),
+			},
+			WatchHistory: &HistBlock{Events: ptr(100000), Age: ptr("5m")},
+		},
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// Merge layers o over f: every key set in o wins.
+func (f *ServerFile) Merge(o *ServerFile) {
+	if o == nil {
+		return
+	}
+	mergeFields(f, o)
+}
+
+// LoadServer reads the file at path (if not empty), layers it over the defaults and flags over it, then
+// resolves and validates the result.
+func LoadServer(path string, flags *ServerFile) (*Server, error) {
+	merged := DefaultServerFile()
+	src := &source{}
+	if path != "" {
+		var file ServerFile
+		var err error
+		if src, err = parseFile(path, &file); err != nil {
+			return nil, err
+		}
+		merged.Merge(&file)
+	}
+	merged.Merge(flags)
+	return resolveServer(merged, src)
+}
+
+func resolveServer(f *ServerFile, src *source) (*Server, error) {
+	var errs Errors
+	s := &Server{
+		Name: *f.Name, BindAddr: *f.BindAddr, LogLevel: *f.LogLevel, LogJSON: *f.LogJSON,
+		Ports:           Ports{API: *f.Ports.API, Raft: *f.Ports.Raft, Gossip: *f.Ports.Gossip},
+		BootstrapExpect: *f.Server.BootstrapExpect,
+		SnapshotThreshold: uint64(max(0, *f.Server.Raft.SnapshotThreshold)),
+		TrailingLogs:      uint64(max(0, *f.Server.Raft.TrailingLogs)),
+		HistoryEvents:     *f.Server.WatchHistory.Events,
+	}
+	if f.DataDir != nil {
+		s.DataDir = *f.DataDir
+	}
+	if f.AdvertiseAddr != nil {
+		s.AdvertiseAddr = *f.AdvertiseAddr
+	}
+	if f.Encrypt != nil {
+		s.Encrypt = *f.Encrypt
+	}
+	if s.Name == "" {
+		errs.add(src, "name", "must not be empty")
+	}
+	if s.DataDir == "" {
+		s.DataDir = filepath.Join("/var/lib/skiff", s.Name)
+	}
+	if ip := net.ParseIP(s.BindAddr); ip == nil {
+		errs.add(src, "bind_addr", fmt.Sprintf("%q is not an IP address", s.BindAddr))
+	}
+	if s.AdvertiseAddr == "" {
+		s.AdvertiseAddr = s.BindAddr
+	}
+	if ip := net.ParseIP(s.AdvertiseAddr); ip == nil || ip.IsUnspecified() {
+		errs.add(src, "advertise_addr", fmt.Sprintf("%q is not a routable IP address; set advertise_addr when bind_addr is 0.0.0.0", s.AdvertiseAddr))
+	}
+	if !validLogLevel(s.LogLevel) {
+		errs.add(src, "log_level", fmt.Sprintf("%q is not one of trace, debug, info, warn, error", s.LogLevel))
+	}
+	seen := map[int]string{}
+	for _, p := range []struct {
+		key  string
+		port int
+	}{{"api", s.Ports.API}, {"raft", s.Ports.Raft}, {"gossip", s.Ports.Gossip}} {
+		if p.port < 1 || p.port > 65535 {
+			errs.add(src, "ports."+p.key, fmt.Sprintf("port %d is out of range 1-65535", p.port))
+		} else if other, dup := seen[p.port]; dup {
+			errs.add(src, "ports."+p.key, fmt.Sprintf("port %d is already used by ports.%s", p.port, other))
+		}
+		seen[p.port] = p.key
+	}
+	if s.BootstrapExpect < 1 {
+		errs.add(src, "server.bootstrap_expect", fmt.Sprintf("must be at least 1, got %d", s.BootstrapExpect))
+	}
+	if f.Server.Enabled != nil && !*f.Server.Enabled {
+		errs.add(src, "server.enabled", "must be true for `skiff server`")
+	}
+	for i, j := range f.Server.RetryJoin {
+		addr, err := withDefaultPort(j, s.Ports.Gossip)
+		if err != nil {
+			errs.add(src, "server.retry_join", fmt.Sprintf("entry %d: %v", i, err))
+			continue
+		}
+		s.RetryJoin = append(s.RetryJoin, addr)
+	}
+	for _, d := range []struct {
+		key string
+		val *string
+		out *time.Duration
+	}{
+		{"server.retry_interval", f.Server.RetryInterval, &s.RetryInterval},
+		{"server.raft.heartbeat_timeout", f.Server.Raft.HeartbeatTimeout, &s.HeartbeatTimeout},
+		{"server.raft.election_timeout", f.Server.Raft.ElectionTimeout, &s.ElectionTimeout},
+		{"server.raft.leader_lease_timeout", f.Server.Raft.LeaderLeaseTimeout, &s.LeaderLeaseTimeout},
+		{"server.raft.snapshot_interval", f.Server.Raft.SnapshotInterval, &s.SnapshotInterval},
+		{"server.raft.write_timeout", f.Server.Raft.WriteTimeout, &s.WriteTimeout},
+		{"server.watch_history.age", f.Server.WatchHistory.Age, &s.HistoryAge},
+	} {
+		*d.out = errs.duration(src, d.key, *d.val)
+	}
+	if s.LeaderLeaseTimeout > s.HeartbeatTimeout {
+		errs.add(src, "server.raft.leader_lease_timeout", "must not exceed heartbeat_timeout")
+	}
+	for _, n := range []struct {
+		key string
+		v   int
+	}{{"server.raft.snapshot_threshold", *f.Server.Raft.SnapshotThreshold}, {"server.raft.trailing_logs", *f.Server.Raft.TrailingLogs}, {"server.watch_history.events", s.HistoryEvents}} {
+		if n.v < 1 {
+			errs.add(src, n.key, fmt.Sprintf("must be at least 1, got %d", n.v))
+		}
+	}
+	if err := errs.err(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+func validLogLevel(l string) bool {
+	switch strings.ToLower(l) {
+	case "trace", "debug", "info", "warn", "error":
+		return true
+	}
+	return false
+}
+
+// withDefaultPort accepts "host" or "host:port".
+func withDefaultPort(addr string, port int) (string, error) {
+	if _, _, err := net.SplitHostPort(addr); err == nil {
+		return addr, nil
+	}
+	if strings.Contains(addr, ":") && net.ParseIP(addr) == nil {
+		return "", fmt.Errorf("%q is not host or host:port", addr)
+	}
+	if addr == "" {
+		return "", fmt.Errorf("empty address")
+	}
+	return net.JoinHostPort(addr, strconv.Itoa(port)), nil
+}
+

@@ -1,0 +1,108 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "server.hcl")
+	if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+const example = `name      = "cp-1"
+data_dir  = "/var/lib/skiff/cp-1"
+bind_addr = "127.0.0.1"
+log_level = "info"
+ports {
+  api    = 6443
+  raft   = 6444
+  gossip = 7946
+}
+server {
+  enabled          = true
+  bootstrap_expect = 3
+  retry_join       = ["127.0.0.2:7946", "127.0.0.3"]
+  raft {
+    heartbeat_timeout  = "1s"
+    election_timeout   = "1s"
+    snapshot_threshold = 8192
+  }
+}
+`
+
+func TestLoadServerExample(t *testing.T) {
+	s, err := LoadServer(writeFile(t, example), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Name != "cp-1" || s.BootstrapExpect != 3 || s.HeartbeatTimeout != time.Second || s.AdvertiseAddr != "127.0.0.1" {
+		t.Fatalf("loaded %+v", s)
+	}
+	if strings.Join(s.RetryJoin, ",") != "127.0.0.2:7946,127.0.0.3:7946" {
+		t.Fatalf("retry_join = %v", s.RetryJoin)
+	}
+	// Defaults fill what the file leaves out.
+	if s.LeaderLeaseTimeout != 250*time.Millisecond || s.HistoryAge != 5*time.Minute || s.WriteTimeout != 10*time.Second {
+		t.Fatalf("defaults not applied: %+v", s)
+	}
+}
+
+func TestFlagsOverrideFile(t *testing.T) {
+	flags := &ServerFile{Name: ptr("from-flag"), Server: &ServerBlock{BootstrapExpect: ptr(5)}}
+	s, err := LoadServer(writeFile(t, example), flags)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Name != "from-flag" || s.BootstrapExpect != 5 || s.DataDir != "/var/lib/skiff/cp-1" {
+		t.Fatalf("merged %+v", s)
+	}
+}
+
+func TestServerErrorsNameFileLineAndKey(t *testing.T) {
+	cases := []struct {
+		name string
+		body string
+		want string // substring: file:line: key: message
+	}{
+		{"unknown top-level key", "name = \"a\"\nbogus = 1\n", ":2: bogus: Unsupported argument"},
+		{"unknown nested key", "server {\n  raft {\n    electon_timeout = \"1s\"\n  }\n}\n", ":3: server.raft.electon_timeout: Unsupported argument"},
+		{"unknown block", "servr {\n}\n", ":1: servr: Unsupported block type"},
+		{"wrong type", "ports {\n  api = \"high\"\n}\n", ":2: ports.api: Unsuitable value type"},
+		{"bad duration", "server {\n  raft {\n    election_timeout = \"1x\"\n  }\n}\n", ":3: server.raft.election_timeout: \"1x\" is not a duration"},
+		{"negative duration", "server {\n  retry_interval = \"-1s\"\n}\n", ":2: server.retry_interval: \"-1s\" must be positive"},
+		{"bootstrap_expect below 1", "server {\n  bootstrap_expect = 0\n}\n", ":2: server.bootstrap_expect: must be at least 1"},
+		{"duplicate ports", "ports {\n  api = 7000\n  raft = 7000\n}\n", ":3: ports.raft: port 7000 is already used by ports.api"},
+		{"bad bind_addr", "bind_addr = \"localhost\"\n", ":1: bind_addr: \"localhost\" is not an IP address"},
+		{"bad log level", "log_level = \"loud\"\n", ":1: log_level:"},
+		{"syntax error", "name = \n", ":1"},
+		{"bad retry_join", "server {\n  retry_join = [\"a:b:c\"]\n}\n", ":2: server.retry_join: entry 0"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeFile(t, tc.body)
+			_, err := LoadServer(path, nil)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if !strings.Contains(err.Error(), path+tc.want) {
+				t.Fatalf("error %q does not contain %q", err, path+tc.want)
+			}
+		})
+	}
+}
+
+func TestAllErrorsReportedAtOnce(t *testing.T) {
+	_, err := LoadServer(writeFile(t, "log_level = \"x\"\nserver {\n  bootstrap_expect = -1\n}\n"), nil)
+	es, ok := err.(Errors)
+	if !ok || len(es) != 2 {
+		t.Fatalf("errors = %v", err)
+	}
+}

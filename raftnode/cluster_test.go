@@ -1,0 +1,297 @@
+package raftnode_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/skiff-dev/skiff/fsm"
+	"github.com/skiff-dev/skiff/raftnode"
+	rt "github.com/skiff-dev/skiff/raftnode/raftnodetest"
+)
+
+func get(t *testing.T, n *raftnode.Node, key string) string {
+	t.Helper()
+	kv, _, err := n.Store().Get(key)
+	if err != nil {
+		return ""
+	}
+	return string(kv.Value)
+}
+
+func TestKillLeaderElectsNewOneAndWritesContinue(t *testing.T) {
+	c := rt.TestCluster(t, 3)
+	old := c.WaitForLeader()
+	if _, err := c.Put(old, "/k/before", "1"); err != nil {
+		t.Fatal(err)
+	}
+	c.Stop(old)
+	survivor := (old + 1) % 3
+	c.WaitFor("a new leader", 10*time.Second, func() error {
+		if l := c.Leader(); l < 0 || l == old {
+			return fmt.Errorf("leader %d", l)
+		}
+		return nil
+	})
+	// Writes through a follower are forwarded to the new leader.
+	for i := 0; i < 3; i++ {
+		peer := survivor
+		if i%2 == 1 {
+			peer = (old + 2) % 3
+		}
+		if _, err := c.Put(peer, fmt.Sprintf("/k/after-%d", i), "2"); err != nil {
+			t.Fatalf("write through peer %d: %v", peer, err)
+		}
+	}
+}
+
+func TestPartitionedMinorityCannotCommit(t *testing.T) {
+	c := rt.TestCluster(t, 3)
+	leader := c.WaitForLeader()
+	minority := []string{c.Config(leader).BindAddr}
+	var majority []string
+	for i := 0; i < 3; i++ {
+		if i != leader {
+			majority = append(majority, c.Config(i).BindAddr)
+		}
+	}
+	c.Net.Partition(minority, majority)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	_, err := c.Node(leader).Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: "/minority", Value: []byte("x")})
+	if err == nil {
+		t.Fatal("the partitioned old leader committed a write")
+	}
+	// The majority elects a leader and commits.
+	other := (leader + 1) % 3
+	if _, err := c.Put(other, "/majority", "y"); err != nil {
+		t.Fatalf("majority write: %v", err)
+	}
+	c.Net.Heal()
+	c.WaitFor("old leader to converge", 10*time.Second, func() error {
+		if got := get(t, c.Node(leader), "/majority"); got != "y" {
+			return fmt.Errorf("old leader has /majority=%q", got)
+		}
+		return nil
+	})
+	// The minority's write either never committed or was overwritten: it must not appear anywhere.
+	for i := 0; i < 3; i++ {
+		if _, _, err := c.Node(i).Store().Get("/minority"); !errors.Is(err, fsm.ErrNotFound) {
+			t.Fatalf("peer %d holds the minority write", i)
+		}
+	}
+}
+
+func TestRestartedPeerCatchesUp(t *testing.T) {
+	c := rt.TestCluster(t, 3)
+	leader := c.WaitForLeader()
+	follower := (leader + 1) % 3
+	c.Stop(follower)
+	for i := 0; i < 50; i++ {
+		if _, err := c.Put(leader, fmt.Sprintf("/k/%d", i), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Start(follower)
+	c.WaitFor("restarted follower to catch up", 10*time.Second, func() error {
+		if n, _ := c.Node(follower).Store().Count("/k/"); n != 50 {
+			return fmt.Errorf("follower has %d keys", n)
+		}
+		return nil
+	})
+}
+
+func TestLaggingFollowerRestoredBySnapshotInstall(t *testing.T) {
+	c := rt.TestCluster(t, 3, func(cfg *raftnode.Config) {
+		cfg.SnapshotThreshold = 64
+		cfg.SnapshotInterval = 50 * time.Millisecond
+		cfg.TrailingLogs = 16
+	})
+	leader := c.WaitForLeader()
+	lagging := (leader + 1) % 3
+	c.Stop(lagging)
+	for i := 0; i < 400; i++ {
+		if _, err := c.Put(leader, fmt.Sprintf("/k/%03d", i), "v"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Wait until the leader compacted its log past what the lagging follower has.
+	c.WaitFor("leader snapshot and compaction", 10*time.Second, func() error {
+		if c.Node(leader).Stats()["first_log_index"] <= 100 {
+			return fmt.Errorf("leader log still starts at %d", c.Node(leader).Stats()["first_log_index"])
+		}
+		return nil
+	})
+	c.Start(lagging)
+	c.WaitFor("snapshot install", 15*time.Second, func() error {
+		if n, _ := c.Node(lagging).Store().Count("/k/"); n != 400 {
+			return fmt.Errorf("lagging follower has %d keys", n)
+		}
+		return nil
+	})
+	if c.Node(lagging).Stats()["snapshot_installs"] == 0 {
+		t.Fatal("follower caught up without installing a snapshot")
+	}
+	// Stores converge byte for byte once every peer applied the same index.
+	c.Put(leader, "/final", "x")
+	c.WaitFor("identical snapshots", 10*time.Second, func() error {
+		var first []byte
+		for i := 0; i < 3; i++ {
+			var buf bytes.Buffer
+			c.Node(i).Store().Snapshot().WriteTo(&buf)
+			if i == 0 {
+				first = buf.Bytes()
+			} else if !bytes.Equal(first, buf.Bytes()) {
+				return fmt.Errorf("peer %d differs", i)
+			}
+		}
+		return nil
+	})
+}
+
+func TestAllPeersRestartedKeepEveryAcknowledgedWrite(t *testing.T) {
+	c := rt.TestCluster(t, 3)
+	var mu sync.Mutex
+	acked := map[string]bool{}
+	var wg sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 40; i++ {
+				key := fmt.Sprintf("/k/%d-%d", w, i)
+				if _, err := c.Put(w%3, key, "v"); err == nil {
+					mu.Lock()
+					acked[key] = true
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(acked) == 0 {
+		t.Fatal("no write was acknowledged")
+	}
+	c.StopAll()
+	for i := 0; i < 3; i++ {
+		c.Start(i)
+	}
+	c.WaitForLeader()
+	for i := 0; i < 3; i++ {
+		n := c.Node(i)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		if err := n.LinearizableRead(ctx); err != nil {
+			t.Fatalf("read on peer %d: %v", i, err)
+		}
+		cancel()
+		for key := range acked {
+			if _, _, err := n.Store().Get(key); err != nil {
+				t.Fatalf("peer %d lost acknowledged write %s", i, key)
+			}
+		}
+	}
+}
+
+func TestLinearizableReadOnFollower(t *testing.T) {
+	c := rt.TestCluster(t, 3)
+	leader := c.WaitForLeader()
+	follower := (leader + 1) % 3
+	for i := 0; i < 100; i++ {
+		key := fmt.Sprintf("/k/%d", i)
+		if _, err := c.Put(leader, key, fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		err := c.Node(follower).LinearizableRead(ctx)
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := get(t, c.Node(follower), key); got != fmt.Sprint(i) {
+			t.Fatalf("follower read %s=%q right after the leader acknowledged %d", key, got, i)
+		}
+	}
+}
+
+func TestNoLeaderWriteFailsAfterBoundedWait(t *testing.T) {
+	c := rt.TestCluster(t, 3, func(cfg *raftnode.Config) { cfg.ApplyTimeout = 500 * time.Millisecond })
+	leader := c.WaitForLeader()
+	c.Stop((leader + 1) % 3)
+	c.Stop((leader + 2) % 3)
+	lone := c.Node(leader)
+	c.WaitFor("leader to step down", 5*time.Second, func() error {
+		if lone.IsLeader() {
+			return fmt.Errorf("still leader")
+		}
+		return nil
+	})
+	start := time.Now()
+	_, err := lone.Apply(context.Background(), &fsm.Command{Type: fsm.CmdCreate, Key: "/x"})
+	if !errors.Is(err, raftnode.ErrNoLeader) {
+		t.Fatalf("err = %v, want ErrNoLeader", err)
+	}
+	if time.Since(start) > 5*time.Second {
+		t.Fatalf("write waited %v, beyond its bound", time.Since(start))
+	}
+}
+
+func TestTTLKeysExpireThroughLeader(t *testing.T) {
+	c := rt.TestCluster(t, 3)
+	leader := c.WaitForLeader()
+	ctx := context.Background()
+	soon := time.Now().Add(200 * time.Millisecond).UnixNano()
+	for _, key := range []string{"/events/a", "/events/b"} {
+		if _, err := c.Node(leader).Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: key, ExpiresAt: soon}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A refresh before expiry moves the deadline: /events/b must outlive the first deadline.
+	later := time.Now().Add(time.Hour).UnixNano()
+	if _, err := c.Node(leader).Apply(ctx, &fsm.Command{Type: fsm.CmdUpdate, Key: "/events/b", ExpiresAt: later}); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitFor("expiry on every peer", 10*time.Second, func() error {
+		for i := 0; i < 3; i++ {
+			if _, _, err := c.Node(i).Store().Get("/events/a"); err == nil {
+				return fmt.Errorf("peer %d still has /events/a", i)
+			}
+		}
+		return nil
+	})
+	if _, _, err := c.Node(leader).Store().Get("/events/b"); err != nil {
+		t.Fatal("refreshed key expired")
+	}
+}
+
+func TestMembershipChanges(t *testing.T) {
+	c := rt.TestCluster(t, 3)
+	leader := c.WaitForLeader()
+	target := (leader + 1) % 3
+	if err := c.Node(leader).TransferLeadership(c.Config(target).ID); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitFor("leadership on target", 5*time.Second, func() error {
+		if c.Leader() != target {
+			return fmt.Errorf("leader is %d", c.Leader())
+		}
+		return nil
+	})
+	victim := (target + 1) % 3
+	if err := c.Node(target).RemoveServer(c.Config(victim).ID); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-c.Node(victim).Removed():
+	case <-time.After(10 * time.Second):
+		t.Fatal("removed server did not notice its removal")
+	}
+	servers, _ := c.Node(target).Servers()
+	if len(servers) != 2 {
+		t.Fatalf("servers after removal = %+v", servers)
+	}
+}

@@ -1,0 +1,260 @@
+// Package raftnodetest runs in-process Raft clusters for tests: real TCP on loopback, real raft-boltdb in
+// temp dirs, short timeouts, and a network layer that can partition peers. Later packages build their
+// multi-peer tests on it.
+package raftnodetest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+
+	"github.com/skiff-dev/skiff/fsm"
+	"github.com/skiff-dev/skiff/raftnode"
+)
+
+// Cluster is a set of in-process peers.
+type Cluster struct {
+	t     testing.TB
+	Net   *Network
+	cfgs  []raftnode.Config
+	mu    sync.Mutex
+	nodes []*raftnode.Node // nil while a peer is stopped
+}
+
+// Option changes every peer's configuration before start.
+type Option func(*raftnode.Config)
+
+// TestCluster starts n bootstrapped peers and waits for a leader. Everything is torn down by t.Cleanup.
+func TestCluster(t testing.TB, n int, opts ...Option) *Cluster {
+	t.Helper()
+	c := &Cluster{t: t, Net: NewNetwork(), nodes: make([]*raftnode.Node, n)}
+	var servers []raftnode.Server
+	for i := 0; i < n; i++ {
+		cfg := raftnode.DefaultConfig()
+		cfg.ID = fmt.Sprintf("peer-%d", i)
+		cfg.DataDir = t.TempDir()
+		cfg.BindAddr = freeAddr(t)
+		cfg.HeartbeatTimeout = 100 * time.Millisecond
+		cfg.ElectionTimeout = 100 * time.Millisecond
+		cfg.LeaderLeaseTimeout = 50 * time.Millisecond
+		cfg.CommitTimeout = 5 * time.Millisecond
+		cfg.ApplyTimeout = 5 * time.Second
+		cfg.TTLInterval = 50 * time.Millisecond
+		cfg.Logger = hclog.New(&hclog.LoggerOptions{Name: cfg.ID, Level: hclog.Warn, Output: testWriter{t}})
+		for _, o := range opts {
+			o(&cfg)
+		}
+		cfg.Layer = c.Net.Layer(cfg.BindAddr)
+		c.cfgs = append(c.cfgs, cfg)
+		servers = append(servers, raftnode.Server{ID: cfg.ID, Address: cfg.BindAddr})
+	}
+	t.Cleanup(c.StopAll)
+	for i := range c.cfgs {
+		c.Start(i)
+		if err := c.Node(i).Bootstrap(servers); err != nil {
+			t.Fatalf("bootstrap %d: %v", i, err)
+		}
+	}
+	c.WaitForLeader()
+	return c
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) { w.t.Logf("%s", p); return len(p), nil }
+
+func freeAddr(t testing.TB) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// Size returns the number of peers, running or not.
+func (c *Cluster) Size() int { return len(c.cfgs) }
+
+// Config returns peer i's configuration.
+func (c *Cluster) Config(i int) raftnode.Config { return c.cfgs[i] }
+
+// Node returns peer i, or nil while it is stopped.
+func (c *Cluster) Node(i int) *raftnode.Node {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.nodes[i]
+}
+
+// Start starts (or restarts) peer i from its data dir.
+func (c *Cluster) Start(i int) {
+	c.t.Helper()
+	var n *raftnode.Node
+	var err error
+	// A just-closed listener's port can take a moment to free up.
+	for attempt := 0; attempt < 50; attempt++ {
+		if n, err = raftnode.New(c.cfgs[i]); err == nil {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err != nil {
+		c.t.Fatalf("starting peer %d: %v", i, err)
+	}
+	c.mu.Lock()
+	c.nodes[i] = n
+	c.mu.Unlock()
+}
+
+// Stop shuts peer i down; its data dir stays for a restart.
+func (c *Cluster) Stop(i int) {
+	c.mu.Lock()
+	n := c.nodes[i]
+	c.nodes[i] = nil
+	c.mu.Unlock()
+	if n != nil {
+		n.Shutdown()
+	}
+}
+
+// StopAll stops every peer.
+func (c *Cluster) StopAll() {
+	for i := range c.cfgs {
+		c.Stop(i)
+	}
+}
+
+// Leader returns the index of the peer that is leader, or -1.
+func (c *Cluster) Leader() int {
+	for i := range c.cfgs {
+		if n := c.Node(i); n != nil && n.IsLeader() {
+			return i
+		}
+	}
+	return -1
+}
+
+// WaitForLeader waits for a leader among the running peers and returns its index.
+func (c *Cluster) WaitForLeader() int {
+	c.t.Helper()
+	var leader int
+	c.WaitFor("a leader", 10*time.Second, func() error {
+		if leader = c.Leader(); leader < 0 {
+			return fmt.Errorf("no leader")
+		}
+		return nil
+	})
+	return leader
+}
+
+// WaitFor polls cond until it returns nil or the deadline passes.
+func (c *Cluster) WaitFor(what string, timeout time.Duration, cond func() error) {
+	c.t.Helper()
+	WaitFor(c.t, what, timeout, cond)
+}
+
+// WaitFor polls cond until it returns nil, failing the test with cond's last error after timeout.
+func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Put writes key=value through peer i and returns the result.
+func (c *Cluster) Put(i int, key, value string) (fsm.Result, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n := c.Node(i)
+	if n == nil {
+		return fsm.Result{}, fmt.Errorf("peer %d is stopped", i)
+	}
+	res, err := n.Apply(ctx, &fsm.Command{Type: fsm.CmdTxn, Txn: &fsm.Txn{Success: []fsm.Op{{Type: fsm.OpPut, Key: key, Value: []byte(value)}}}})
+	if err == nil {
+		err = res.Err()
+	}
+	return res, err
+}
+
+// Network is a loopback network whose links can be cut. Each peer dials through its own Layer.
+type Network struct {
+	mu      sync.Mutex
+	blocked map[[2]string]bool       // {from, to} listen addresses
+	conns   map[[2]string][]net.Conn // open connections by {dialer, target}
+}
+
+// NewNetwork returns a fully connected network.
+func NewNetwork() *Network {
+	return &Network{blocked: map[[2]string]bool{}, conns: map[[2]string][]net.Conn{}}
+}
+
+// Layer returns the connection layer of the peer listening on self.
+func (nw *Network) Layer(self string) raftnode.Layer { return &netLayer{nw: nw, self: self} }
+
+// Partition cuts every link between the two groups of peers (by listen address), both ways, and closes the
+// connections already open across the cut.
+func (nw *Network) Partition(a, b []string) {
+	nw.mu.Lock()
+	var doomed []net.Conn
+	for _, x := range a {
+		for _, y := range b {
+			for _, k := range [][2]string{{x, y}, {y, x}} {
+				nw.blocked[k] = true
+				doomed = append(doomed, nw.conns[k]...)
+				delete(nw.conns, k)
+			}
+		}
+	}
+	nw.mu.Unlock()
+	for _, c := range doomed {
+		c.Close()
+	}
+}
+
+// Heal restores every link.
+func (nw *Network) Heal() {
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	nw.blocked = map[[2]string]bool{}
+}
+
+type netLayer struct {
+	nw   *Network
+	self string
+}
+
+func (l *netLayer) Listen(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }
+
+func (l *netLayer) Dial(addr string, timeout time.Duration) (net.Conn, error) {
+	k := [2]string{l.self, addr}
+	l.nw.mu.Lock()
+	blocked := l.nw.blocked[k]
+	l.nw.mu.Unlock()
+	if blocked {
+		return nil, fmt.Errorf("dial %s: network partitioned", addr)
+	}
+	conn, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	l.nw.mu.Lock()
+	defer l.nw.mu.Unlock()
+	if l.nw.blocked[k] {
+		conn.Close()
+		return nil, fmt.Errorf("dial %s: network partitioned", addr)
+	}
+	l.nw.conns[k] = append(l.nw.conns[k], conn)
+	return conn, nil
+}

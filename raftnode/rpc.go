@@ -1,0 +1,160 @@
+package raftnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/rpc"
+	"sync"
+	"time"
+
+	"github.com/skiff-dev/skiff/fsm"
+)
+
+// The internal RPC between peers rides on the Raft port (see mux). It carries forwarded writes, read-index
+// requests and status queries. net/rpc multiplexes concurrent calls over one connection per peer.
+
+// ApplyArgs is a forwarded write: an encoded fsm.Command.
+type ApplyArgs struct{ Command []byte }
+
+// ApplyReply carries the encoded fsm.Result.
+type ApplyReply struct{ Result []byte }
+
+// ReadIndexArgs asks the leader for a read index.
+type ReadIndexArgs struct{}
+
+// ReadIndexReply is the leader's commit index, confirmed by a quorum.
+type ReadIndexReply struct{ Index uint64 }
+
+// StatusArgs asks a peer what it knows.
+type StatusArgs struct{}
+
+// StatusReply is a peer's view of the cluster.
+type StatusReply struct {
+	ID       string
+	LeaderID string
+	Servers  []string // IDs in the peer's latest configuration
+	HasState bool
+}
+
+// rpcService is the receiver registered with net/rpc. Method signatures follow net/rpc's rules.
+type rpcService struct{ n *Node }
+
+// Apply proposes a forwarded write on this peer, which must be the leader.
+func (s *rpcService) Apply(args ApplyArgs, reply *ApplyReply) error {
+	cmd, err := fsm.DecodeCommand(args.Command)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.n.cfg.ApplyTimeout)
+	defer cancel()
+	res, err := s.n.applyLocal(ctx, cmd.Encode())
+	if err != nil {
+		return err
+	}
+	reply.Result = fsm.EncodeResult(res)
+	return nil
+}
+
+// ReadIndex returns the commit index after confirming leadership with a quorum.
+func (s *rpcService) ReadIndex(args ReadIndexArgs, reply *ReadIndexReply) error {
+	ctx, cancel := context.WithTimeout(context.Background(), s.n.cfg.ApplyTimeout)
+	defer cancel()
+	idx, err := s.n.leaderReadIndex(ctx)
+	reply.Index = idx
+	return err
+}
+
+// Status reports this peer's view.
+func (s *rpcService) Status(args StatusArgs, reply *StatusReply) error {
+	*reply = s.n.status()
+	return nil
+}
+
+// Errors cross the RPC as strings; these are mapped back to their sentinel values so callers can use
+// errors.Is on a forwarded result.
+var wireErrors = []error{ErrNotLeader, ErrNoLeader, ErrUnknownOutcome, ErrShutdown}
+
+func fromWire(err error) error {
+	var se rpc.ServerError
+	if !errors.As(err, &se) {
+		return err
+	}
+	for _, known := range wireErrors {
+		if string(se) == known.Error() {
+			return known
+		}
+	}
+	return fmt.Errorf("leader: %s", string(se))
+}
+
+// rpcPool keeps one net/rpc client per peer address.
+type rpcPool struct {
+	layer   Layer
+	timeout time.Duration
+	mu      sync.Mutex
+	clients map[string]*rpc.Client
+}
+
+func (p *rpcPool) get(addr string) (*rpc.Client, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if c, ok := p.clients[addr]; ok {
+		return c, nil
+	}
+	conn, err := dialProto(p.layer, addr, protoRPC, p.timeout)
+	if err != nil {
+		return nil, &dialError{err}
+	}
+	c := rpc.NewClient(conn)
+	p.clients[addr] = c
+	return c, nil
+}
+
+func (p *rpcPool) drop(addr string, c *rpc.Client) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.clients[addr] == c {
+		delete(p.clients, addr)
+		c.Close()
+	}
+}
+
+func (p *rpcPool) closeAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for addr, c := range p.clients {
+		c.Close()
+		delete(p.clients, addr)
+	}
+}
+
+// dialError marks a call that never left this peer, which is always safe to retry.
+type dialError struct{ err error }
+
+func (e *dialError) Error() string { return "dial: " + e.err.Error() }
+func (e *dialError) Unwrap() error { return e.err }
+
+// call runs one RPC with ctx's deadline. A broken connection is dropped from the pool.
+func (p *rpcPool) call(ctx context.Context, addr, method string, args, reply any) error {
+	c, err := p.get(addr)
+	if err != nil {
+		return err
+	}
+	call := c.Go(method, args, reply, make(chan *rpc.Call, 1))
+	select {
+	case <-call.Done:
+		if call.Error == rpc.ErrShutdown || isConnError(call.Error) {
+			p.drop(addr, c)
+		}
+		return fromWire(call.Error)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func isConnError(err error) bool {
+	var ne net.Error
+	return err != nil && (errors.As(err, &ne) || errors.Is(err, net.ErrClosed) || err.Error() == "unexpected EOF" || err.Error() == "EOF")
+}
