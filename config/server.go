@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
 )
 
 // ServerFile is the schema of a server configuration file. Pointers mark optional keys, so that Merge can
@@ -90,10 +89,14 @@ type Server struct {
 type Ports struct{ API, Raft, Gossip int }
 
 // Address helpers: every listener binds BindAddr; peers dial AdvertiseAddr.
-func (s *Server) APIAddr() string           { return net.JoinHostPort(s.BindAddr, strconv.Itoa(s.Ports.API)) }
-func (s *Server) RaftAddr() string          { return net.JoinHostPort(s.BindAddr, strconv.Itoa(s.Ports.Raft)) }
-func (s *Server) AdvertiseAPIAddr() string  { return net.JoinHostPort(s.AdvertiseAddr, strconv.Itoa(s.Ports.API)) }
-func (s *Server) AdvertiseRaftAddr() string { return net.JoinHostPort(s.AdvertiseAddr, strconv.Itoa(s.Ports.Raft)) }
+func (s *Server) APIAddr() string  { return net.JoinHostPort(s.BindAddr, strconv.Itoa(s.Ports.API)) }
+func (s *Server) RaftAddr() string { return net.JoinHostPort(s.BindAddr, strconv.Itoa(s.Ports.Raft)) }
+func (s *Server) AdvertiseAPIAddr() string {
+	return net.JoinHostPort(s.AdvertiseAddr, strconv.Itoa(s.Ports.API))
+}
+func (s *Server) AdvertiseRaftAddr() string {
+	return net.JoinHostPort(s.AdvertiseAddr, strconv.Itoa(s.Ports.Raft))
+}
 
 // DefaultServerFile holds the defaults, in file form so that one Merge layers them.
 func DefaultServerFile() *ServerFile {
@@ -147,8 +150,8 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 	var errs Errors
 	s := &Server{
 		Name: *f.Name, BindAddr: *f.BindAddr, LogLevel: *f.LogLevel, LogJSON: *f.LogJSON,
-		Ports:           Ports{API: *f.Ports.API, Raft: *f.Ports.Raft, Gossip: *f.Ports.Gossip},
-		BootstrapExpect: *f.Server.BootstrapExpect,
+		Ports:             Ports{API: *f.Ports.API, Raft: *f.Ports.Raft, Gossip: *f.Ports.Gossip},
+		BootstrapExpect:   *f.Server.BootstrapExpect,
 		SnapshotThreshold: uint64(max(0, *f.Server.Raft.SnapshotThreshold)),
 		TrailingLogs:      uint64(max(0, *f.Server.Raft.TrailingLogs)),
 		HistoryEvents:     *f.Server.WatchHistory.Events,
@@ -259,4 +262,3 @@ func withDefaultPort(addr string, port int) (string, error) {
 	}
 	return net.JoinHostPort(addr, strconv.Itoa(port)), nil
 }
-

@@ -1,0 +1,50 @@
+// Command skiff is Skiff's single binary: control-plane server, dev mode and operator commands.
+package main
+
+import (
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+)
+
+// version is set by the build (-ldflags "-X main.version=...").
+var version = "dev"
+
+type command struct {
+	summary string
+	run     func(args []string) int
+}
+
+var commands = map[string]command{
+	"server":   {"run a control-plane peer from an HCL config", runServer},
+	"dev":      {"run a single-server cluster in one process", runDev},
+	"operator": {"manage Raft peers, snapshots and gossip members", runOperator},
+	"version":  {"print the version", func([]string) int { fmt.Println("skiff", version); return 0 }},
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: skiff <command> [flags]\n\ncommands:")
+	names := make([]string, 0, len(commands))
+	for name := range commands {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		fmt.Fprintf(os.Stderr, "  %-10s %s\n", name, commands[name].summary)
+	}
+}
+
+func main() {
+	if len(os.Args) < 2 || strings.HasPrefix(os.Args[1], "-") {
+		usage()
+		os.Exit(2)
+	}
+	cmd, ok := commands[os.Args[1]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "skiff: unknown command %q\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+	os.Exit(cmd.run(os.Args[2:]))
+}

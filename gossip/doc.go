@@ -1,0 +1,5 @@
+// Package gossip is the memberlist pool that servers (and, later, node agents) share. It owns member
+// metadata (role, name, Raft and API addresses, bootstrap_expect), joining with retry, the encryption keyring,
+// and the table and stream of member state changes. It knows nothing about Raft or Kubernetes: callers read
+// the metadata and decide.
+package gossip

@@ -1,0 +1,294 @@
+package gossip
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/memberlist"
+)
+
+// Roles of members.
+const (
+	RoleServer = "server"
+	RoleAgent  = "agent"
+)
+
+// Meta is what a member tells the others about itself. It must stay under memberlist's 512-byte limit.
+type Meta struct {
+	Role            string   `json:"r"`
+	RaftAddr        string   `json:"ra,omitempty"`
+	APIAddr         string   `json:"aa,omitempty"`
+	BootstrapExpect int      `json:"be,omitempty"`
+	Nodes           []string `json:"n,omitempty"` // nodes an agent hosts
+}
+
+// Status is a member's liveness as gossip sees it.
+type Status string
+
+const (
+	StatusAlive   Status = "alive"
+	StatusSuspect Status = "suspect"
+	StatusDead    Status = "dead"
+	StatusLeft    Status = "left"
+)
+
+// Member is one entry of the pool's member table.
+type Member struct {
+	Name   string
+	Addr   string // host:port of the gossip listener
+	Status Status
+	Meta   Meta
+}
+
+// EventType says what changed.
+type EventType string
+
+const (
+	EventJoin   EventType = "join"
+	EventLeave  EventType = "leave" // left gracefully or declared dead; Member.Status tells which
+	EventUpdate EventType = "update"
+)
+
+// Event is one member state change.
+type Event struct {
+	Type   EventType
+	Member Member
+}
+
+// Config configures a pool member.
+type Config struct {
+	Name          string
+	BindAddr      string
+	BindPort      int
+	AdvertiseAddr string // defaults to BindAddr
+	Meta          Meta
+	RetryJoin     []string // host:port of members to join
+	RetryInterval time.Duration
+	// EncryptKey is a base64 AES key (16, 24 or 32 bytes); empty disables encryption.
+	EncryptKey string
+	// Local selects memberlist's loopback timings (fast failure detection), for tests and dev mode.
+	Local  bool
+	Logger hclog.Logger
+}
+
+// Pool is this process's membership in the gossip pool.
+type Pool struct {
+	cfg    Config
+	logger hclog.Logger
+	ml     *memberlist.Memberlist
+
+	mu      sync.Mutex
+	meta    Meta
+	members map[string]Member
+	subs    map[chan Event]struct{}
+
+	joined   chan struct{}
+	joinOnce sync.Once
+	stop     chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
+}
+
+// New creates the member and starts joining RetryJoin in the background.
+func New(cfg Config) (*Pool, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = hclog.NewNullLogger()
+	}
+	if cfg.RetryInterval <= 0 {
+		cfg.RetryInterval = 2 * time.Second
+	}
+	p := &Pool{
+		cfg: cfg, logger: cfg.Logger.Named("gossip"), meta: cfg.Meta,
+		members: map[string]Member{}, subs: map[chan Event]struct{}{},
+		joined: make(chan struct{}), stop: make(chan struct{}),
+	}
+	mc := memberlist.DefaultLANConfig()
+	if cfg.Local {
+		mc = memberlist.DefaultLocalConfig()
+	}
+	mc.Name = cfg.Name
+	mc.BindAddr = cfg.BindAddr
+	mc.BindPort = cfg.BindPort
+	mc.AdvertiseAddr = cfg.AdvertiseAddr
+	mc.AdvertisePort = cfg.BindPort
+	mc.Delegate = (*delegate)(p)
+	mc.Events = (*events)(p)
+	mc.Logger = p.logger.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})
+	if cfg.EncryptKey != "" {
+		key, err := base64.StdEncoding.DecodeString(cfg.EncryptKey)
+		if err != nil {
+			return nil, fmt.Errorf("gossip encryption key is not base64: %w", err)
+		}
+		if mc.Keyring, err = memberlist.NewKeyring(nil, key); err != nil {
+			return nil, fmt.Errorf("gossip encryption key: %w", err)
+		}
+	}
+	if _, err := json.Marshal(cfg.Meta); err != nil {
+		return nil, err
+	}
+	ml, err := memberlist.Create(mc)
+	if err != nil {
+		return nil, fmt.Errorf("starting gossip on %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(cfg.BindPort)), err)
+	}
+	p.ml = ml
+	if len(cfg.RetryJoin) == 0 {
+		p.joinOnce.Do(func() { close(p.joined) })
+	} else {
+		p.wg.Add(1)
+		go p.retryJoin()
+	}
+	return p, nil
+}
+
+// retryJoin keeps trying the join addresses until at least one other member answers. Servers started in any
+// order find each other this way.
+func (p *Pool) retryJoin() {
+	defer p.wg.Done()
+	for {
+		n, err := p.ml.Join(p.cfg.RetryJoin)
+		if n > 0 && p.ml.NumMembers() > 1 {
+			p.logger.Info("joined gossip pool", "contacted", n, "members", p.ml.NumMembers())
+			p.joinOnce.Do(func() { close(p.joined) })
+			return
+		}
+		p.logger.Debug("join attempt failed, retrying", "addresses", p.cfg.RetryJoin, "error", err)
+		select {
+		case <-p.stop:
+			return
+		case <-time.After(p.cfg.RetryInterval):
+		}
+	}
+}
+
+// Joined is closed once the member has joined at least one other member (at once when there is nothing to
+// join).
+func (p *Pool) Joined() <-chan struct{} { return p.joined }
+
+// Members returns the member table, dead and left members included, sorted by name.
+func (p *Pool) Members() []Member {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]Member, 0, len(p.members))
+	for _, m := range p.members {
+		out = append(out, m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Alive returns the alive members with the given role (any role when empty), sorted by name.
+func (p *Pool) Alive(role string) []Member {
+	var out []Member
+	for _, m := range p.Members() {
+		if m.Status == StatusAlive && (role == "" || m.Meta.Role == role) {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// Member returns one member by name.
+func (p *Pool) Member(name string) (Member, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	m, ok := p.members[name]
+	return m, ok
+}
+
+// Subscribe returns a stream of member changes. A subscriber that does not keep up is cut off: its channel is
+// closed and it should resubscribe and reread Members. Nothing is buffered without bound.
+func (p *Pool) Subscribe() (<-chan Event, func()) {
+	ch := make(chan Event, 256)
+	p.mu.Lock()
+	p.subs[ch] = struct{}{}
+	p.mu.Unlock()
+	return ch, func() {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		if _, ok := p.subs[ch]; ok {
+			delete(p.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+// UpdateMeta changes this member's metadata and gossips it.
+func (p *Pool) UpdateMeta(m Meta) error {
+	p.mu.Lock()
+	p.meta = m
+	p.mu.Unlock()
+	return p.ml.UpdateNode(5 * time.Second)
+}
+
+// Leave tells the pool this member is going away, waiting up to timeout for the message to spread.
+func (p *Pool) Leave(timeout time.Duration) error { return p.ml.Leave(timeout) }
+
+// Shutdown stops the member without leaving (others will see it fail).
+func (p *Pool) Shutdown() error {
+	p.stopOnce.Do(func() { close(p.stop) })
+	p.wg.Wait()
+	return p.ml.Shutdown()
+}
+
+func (p *Pool) record(t EventType, n *memberlist.Node) {
+	m := Member{Name: n.Name, Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), Status: toStatus(n.State)}
+	if err := json.Unmarshal(n.Meta, &m.Meta); err != nil && len(n.Meta) > 0 {
+		p.logger.Warn("member sent unreadable metadata", "member", n.Name, "error", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.members[m.Name] = m
+	ev := Event{Type: t, Member: m}
+	for ch := range p.subs {
+		select {
+		case ch <- ev:
+		default:
+			delete(p.subs, ch)
+			close(ch)
+		}
+	}
+}
+
+func toStatus(s memberlist.NodeStateType) Status {
+	switch s {
+	case memberlist.StateAlive:
+		return StatusAlive
+	case memberlist.StateSuspect:
+		return StatusSuspect
+	case memberlist.StateLeft:
+		return StatusLeft
+	}
+	return StatusDead
+}
+
+// events receives memberlist's notifications.
+type events Pool
+
+func (e *events) NotifyJoin(n *memberlist.Node)   { (*Pool)(e).record(EventJoin, n) }
+func (e *events) NotifyLeave(n *memberlist.Node)  { (*Pool)(e).record(EventLeave, n) }
+func (e *events) NotifyUpdate(n *memberlist.Node) { (*Pool)(e).record(EventUpdate, n) }
+
+// delegate serves this member's metadata.
+type delegate Pool
+
+func (d *delegate) NodeMeta(limit int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, _ := json.Marshal(d.meta)
+	if len(b) > limit {
+		(*Pool)(d).logger.Error("member metadata exceeds the gossip limit; sending none", "bytes", len(b), "limit", limit)
+		return nil
+	}
+	return b
+}
+func (d *delegate) NotifyMsg([]byte)                           {}
+func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (d *delegate) LocalState(join bool) []byte                { return nil }
+func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}

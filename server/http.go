@@ -1,0 +1,255 @@
+package server
+
+import (
+	"context"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/skiff-dev/skiff/fsm"
+	"github.com/skiff-dev/skiff/raftnode"
+)
+
+// PeerInfo is one row of `skiff operator raft list-peers`.
+type PeerInfo struct {
+	Name    string `json:"name"`
+	ID      string `json:"id"`
+	Address string `json:"address"`
+	State   string `json:"state"` // leader or follower
+	Voter   bool   `json:"voter"`
+}
+
+// MemberInfo is one row of `skiff operator members`.
+type MemberInfo struct {
+	Name    string `json:"name"`
+	Address string `json:"address"`
+	Status  string `json:"status"`
+	Role    string `json:"role"`
+	Raft    string `json:"raft,omitempty"`
+	API     string `json:"api,omitempty"`
+}
+
+// forwardedHeader marks a request a follower proxied to the leader, so it is never proxied twice.
+const forwardedHeader = "X-Skiff-Forwarded-By"
+
+func (s *Server) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /livez", s.livez)
+	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	for _, r := range []struct {
+		pattern    string
+		leaderOnly bool
+		handler    http.HandlerFunc
+	}{
+		{"GET /v1/operator/raft/peers", false, s.listPeers},
+		{"DELETE /v1/operator/raft/peers/{name}", true, s.removePeer},
+		{"POST /v1/operator/raft/transfer-leadership", true, s.transferLeadership},
+		{"GET /v1/operator/snapshot", false, s.saveSnapshot},
+		{"PUT /v1/operator/snapshot", true, s.restoreSnapshot},
+		{"GET /v1/operator/members", false, s.listMembers},
+	} {
+		h := r.handler
+		if r.leaderOnly {
+			h = s.onLeader(h)
+		}
+		mux.Handle(r.pattern, s.authenticated(h))
+	}
+	return mux
+}
+
+// writeStatus writes an error as a Kubernetes-style Status body.
+func writeStatus(w http.ResponseWriter, code int, reason, msg string) {
+	if code == http.StatusServiceUnavailable {
+		w.Header().Set("Retry-After", "1")
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]any{
+		"kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason, "message": msg, "code": code,
+	})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(v)
+}
+
+// writeError maps errors of the Raft layer to HTTP.
+func writeError(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, raftnode.ErrNoLeader), errors.Is(err, raftnode.ErrNotLeader), errors.Is(err, raftnode.ErrShutdown):
+		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", err.Error())
+	case errors.Is(err, raftnode.ErrUnknownOutcome):
+		writeStatus(w, http.StatusGatewayTimeout, "Timeout", err.Error())
+	case errors.Is(err, fsm.ErrCorruptSnapshot):
+		writeStatus(w, http.StatusBadRequest, "BadRequest", err.Error())
+	default:
+		writeStatus(w, http.StatusInternalServerError, "InternalError", err.Error())
+	}
+}
+
+// authenticated requires the cluster's admin bearer token.
+func (s *Server) authenticated(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		token, ok := s.adminToken()
+		if !ok {
+			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "the cluster has not finished bootstrapping")
+			return
+		}
+		got, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !found || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
+			writeStatus(w, http.StatusUnauthorized, "Unauthorized", "a valid bearer token is required")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// onLeader runs h on the leader: a follower proxies the request to the leader's API address, found in gossip.
+func (s *Server) onLeader(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if s.node.IsLeader() {
+			h(w, r)
+			return
+		}
+		leaderID, _ := s.node.Leader()
+		m, ok := s.pool.Member(leaderID)
+		if leaderID == "" || !ok || m.Meta.APIAddr == "" || r.Header.Get(forwardedHeader) != "" {
+			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "no leader is known to this server; retry")
+			return
+		}
+		target := &url.URL{Scheme: "http", Host: m.Meta.APIAddr}
+		proxy := httputil.NewSingleHostReverseProxy(target)
+		proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", fmt.Sprintf("forwarding to leader %s: %v", leaderID, err))
+		}
+		r.Header.Set(forwardedHeader, s.cfg.Name)
+		proxy.ServeHTTP(w, r)
+	}
+}
+
+func (s *Server) livez(w http.ResponseWriter, r *http.Request) {
+	if s.node.State() == "Shutdown" {
+		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "raft is shut down")
+		return
+	}
+	io.WriteString(w, "ok\n")
+}
+
+// readyz is ready once the peer knows a leader and has applied everything the leader committed.
+func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	if err := s.node.LinearizableRead(ctx); err != nil {
+		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "not ready: "+err.Error())
+		return
+	}
+	io.WriteString(w, "ok\n")
+}
+
+func (s *Server) listPeers(w http.ResponseWriter, r *http.Request) {
+	servers, err := s.node.Servers()
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	out := []PeerInfo{}
+	for _, sv := range servers {
+		state := "follower"
+		if sv.Leader {
+			state = "leader"
+		}
+		out = append(out, PeerInfo{Name: sv.ID, ID: sv.ID, Address: sv.Address, State: state, Voter: sv.Voter})
+	}
+	writeJSON(w, out)
+}
+
+func (s *Server) removePeer(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if name == s.cfg.Name {
+		writeStatus(w, http.StatusBadRequest, "BadRequest", "cannot remove the leader; transfer leadership first")
+		return
+	}
+	if err := s.node.RemoveServer(name); err != nil {
+		if strings.Contains(err.Error(), "no server") {
+			writeStatus(w, http.StatusNotFound, "NotFound", err.Error())
+			return
+		}
+		writeError(w, err)
+		return
+	}
+	writeJSON(w, map[string]string{"removed": name})
+}
+
+func (s *Server) transferLeadership(w http.ResponseWriter, r *http.Request) {
+	to := r.URL.Query().Get("to")
+	if err := s.node.TransferLeadership(to); err != nil {
+		if strings.Contains(err.Error(), "no server") {
+			writeStatus(w, http.StatusNotFound, "NotFound", err.Error())
+			return
+		}
+		writeError(w, err)
+		return
+	}
+	leader, _ := s.node.Leader()
+	writeJSON(w, map[string]string{"leader": leader})
+}
+
+func (s *Server) saveSnapshot(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 10*time.Second)
+	defer cancel()
+	// Read-barrier first, so an error can still become a status code before the body starts.
+	if err := s.node.LinearizableRead(ctx); err != nil {
+		writeError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if _, err := s.node.Store().Snapshot().WriteTo(w); err != nil {
+		s.logger.Warn("streaming snapshot", "error", err)
+	}
+}
+
+// restoreSnapshot receives the snapshot into a temp file, verifies it, and restores it through Raft.
+func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) {
+	tmp, err := os.CreateTemp(s.cfg.DataDir, "restore-*.snap")
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	defer os.Remove(tmp.Name())
+	_, err = io.Copy(tmp, r.Body)
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		writeStatus(w, http.StatusBadRequest, "BadRequest", "reading snapshot upload: "+err.Error())
+		return
+	}
+	info, err := s.node.RestoreSnapshot(r.Context(), tmp.Name())
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	s.logger.Info("restored snapshot", "revision", info.Revision, "keys", info.Keys)
+	writeJSON(w, info)
+}
+
+func (s *Server) listMembers(w http.ResponseWriter, r *http.Request) {
+	out := []MemberInfo{}
+	for _, m := range s.pool.Members() {
+		out = append(out, MemberInfo{Name: m.Name, Address: m.Addr, Status: string(m.Status), Role: m.Meta.Role, Raft: m.Meta.RaftAddr, API: m.Meta.APIAddr})
+	}
+	writeJSON(w, out)
+}
+

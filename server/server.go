@@ -1,0 +1,237 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/fsm"
+	"github.com/skiff-dev/skiff/gossip"
+	"github.com/skiff-dev/skiff/raftnode"
+)
+
+// adminTokenKey holds the cluster's admin bearer token. The leader creates it once; every peer reads it from
+// its own store, so one kubeconfig works against any peer.
+const adminTokenKey = "/skiff/admin/token"
+
+// Server is one running control-plane peer.
+type Server struct {
+	cfg    *config.Server
+	logger hclog.Logger
+	node   *raftnode.Node
+	pool   *gossip.Pool
+	http   *http.Server
+	ln     net.Listener
+	reg    *prometheus.Registry
+
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	stopOnce sync.Once
+	done     chan struct{}
+}
+
+// Options are knobs for tests and dev mode that operators do not set in HCL.
+type Options struct {
+	// LocalGossip selects memberlist's loopback timings.
+	LocalGossip bool
+}
+
+// New starts a peer: Raft (from existing state if any), gossip, the HTTP endpoints, and bootstrap when this
+// peer has no state yet.
+func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error) {
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, logger: logger, reg: prometheus.NewRegistry(), done: make(chan struct{})}
+	rc := raftnode.DefaultConfig()
+	rc.ID = cfg.Name
+	rc.DataDir = cfg.DataDir
+	rc.BindAddr = cfg.RaftAddr()
+	rc.AdvertiseAddr = cfg.AdvertiseRaftAddr()
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.TrailingLogs = cfg.TrailingLogs
+	rc.ApplyTimeout = cfg.WriteTimeout
+	rc.Store = fsm.Options{HistoryEvents: cfg.HistoryEvents, HistoryAge: cfg.HistoryAge}
+	rc.Logger = logger
+	var err error
+	if s.node, err = raftnode.New(rc); err != nil {
+		return nil, err
+	}
+	if s.ln, err = net.Listen("tcp", cfg.APIAddr()); err != nil {
+		s.node.Shutdown()
+		return nil, fmt.Errorf("listening for the API on %s: %w", cfg.APIAddr(), err)
+	}
+	s.pool, err = gossip.New(gossip.Config{
+		Name: cfg.Name, BindAddr: cfg.BindAddr, BindPort: cfg.Ports.Gossip, AdvertiseAddr: cfg.AdvertiseAddr,
+		Meta: gossip.Meta{
+			Role: gossip.RoleServer, RaftAddr: cfg.AdvertiseRaftAddr(), APIAddr: cfg.AdvertiseAPIAddr(),
+			BootstrapExpect: cfg.BootstrapExpect,
+		},
+		RetryJoin: cfg.RetryJoin, RetryInterval: cfg.RetryInterval, EncryptKey: cfg.Encrypt,
+		Local: opts.LocalGossip, Logger: logger,
+	})
+	if err != nil {
+		s.ln.Close()
+		s.node.Shutdown()
+		return nil, err
+	}
+	s.reg.MustRegister(s.node.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "skiff_gossip_members", Help: "Alive gossip members."},
+			func() float64 { return float64(len(s.pool.Alive(""))) }))
+
+	s.node.OnLeadership("add-joined-servers", s.addJoinedServers)
+	s.node.OnLeadership("admin-token", s.ensureAdminToken)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	s.wg.Add(2)
+	go func() {
+		defer s.wg.Done()
+		if err := s.http.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.logger.Error("API server failed", "error", err)
+		}
+	}()
+	go func() {
+		defer s.wg.Done()
+		s.writeKubeconfigWhenReady(ctx)
+	}()
+	if !s.node.HasState() {
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.runBootstrap(ctx)
+		}()
+	}
+	s.logger.Info("server started", "name", cfg.Name, "api", cfg.AdvertiseAPIAddr(), "raft", cfg.AdvertiseRaftAddr(),
+		"gossip", net.JoinHostPort(cfg.AdvertiseAddr, fmt.Sprint(cfg.Ports.Gossip)), "data_dir", cfg.DataDir)
+	return s, nil
+}
+
+// Node returns the peer's Raft node.
+func (s *Server) Node() *raftnode.Node { return s.node }
+
+// Pool returns the peer's gossip member.
+func (s *Server) Pool() *gossip.Pool { return s.pool }
+
+// KubeconfigPath is where the peer writes the admin kubeconfig.
+func (s *Server) KubeconfigPath() string { return filepath.Join(s.cfg.DataDir, "admin.kubeconfig") }
+
+// Removed is closed when this peer was removed from the cluster; the process should exit.
+func (s *Server) Removed() <-chan struct{} { return s.node.Removed() }
+
+// ensureAdminToken is a leader service: it creates the admin token once per cluster. The token is drawn here,
+// before the command is proposed, never inside Apply.
+func (s *Server) ensureAdminToken(ctx context.Context) {
+	if _, _, err := s.node.Store().Get(adminTokenKey); err == nil {
+		return
+	}
+	buf := make([]byte, 32)
+	if _, err := rand.Read(buf); err != nil {
+		s.logger.Error("drawing admin token", "error", err)
+		return
+	}
+	res, err := s.node.Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: adminTokenKey, Value: []byte(hex.EncodeToString(buf))})
+	if err == nil {
+		err = res.Err()
+	}
+	if err != nil && !errors.Is(err, fsm.ErrAlreadyExists) && ctx.Err() == nil {
+		s.logger.Error("creating admin token", "error", err)
+	}
+}
+
+func (s *Server) adminToken() (string, bool) {
+	kv, _, err := s.node.Store().Get(adminTokenKey)
+	if err != nil {
+		return "", false
+	}
+	return string(kv.Value), true
+}
+
+// writeKubeconfigWhenReady writes <data_dir>/admin.kubeconfig once the admin token has replicated here.
+func (s *Server) writeKubeconfigWhenReady(ctx context.Context) {
+	for {
+		if token, ok := s.adminToken(); ok {
+			if err := WriteKubeconfig(s.KubeconfigPath(), "http://"+s.cfg.AdvertiseAPIAddr(), token); err != nil {
+				s.logger.Error("writing admin kubeconfig", "error", err)
+			} else {
+				s.logger.Info("wrote admin kubeconfig", "path", s.KubeconfigPath())
+			}
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// WriteKubeconfig writes a kubeconfig for the admin user, atomically and readable by its owner only.
+func WriteKubeconfig(path, server, token string) error {
+	body := fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters:
+- name: skiff
+  cluster:
+    server: %s
+contexts:
+- name: skiff
+  context:
+    cluster: skiff
+    user: admin
+current-context: skiff
+users:
+- name: admin
+  user:
+    token: %s
+`, server, token)
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+// Shutdown stops the peer gracefully: a leader hands leadership to another voter, the member leaves gossip,
+// the HTTP server drains, and Raft and its stores close. It is safe to call more than once.
+func (s *Server) Shutdown() {
+	s.stopOnce.Do(func() {
+		if s.node.IsLeader() {
+			if err := s.node.TransferLeadership(""); err != nil {
+				s.logger.Warn("leadership transfer before shutdown failed", "error", err)
+			}
+		}
+		if err := s.pool.Leave(2 * time.Second); err != nil {
+			s.logger.Warn("leaving gossip", "error", err)
+		}
+		s.cancel()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		s.http.Shutdown(ctx)
+		cancel()
+		s.pool.Shutdown()
+		if err := s.node.Shutdown(); err != nil {
+			s.logger.Warn("raft shutdown", "error", err)
+		}
+		s.wg.Wait()
+		close(s.done)
+		s.logger.Info("server stopped")
+	})
+}
