@@ -22,11 +22,13 @@ const (
 
 // Meta is what a member tells the others about itself. It must stay under memberlist's 512-byte limit.
 type Meta struct {
-	Role            string   `json:"r"`
-	RaftAddr        string   `json:"ra,omitempty"`
-	APIAddr         string   `json:"aa,omitempty"`
-	BootstrapExpect int      `json:"be,omitempty"`
-	Nodes           []string `json:"n,omitempty"` // nodes an agent hosts
+	Role            string `json:"r"`
+	RaftAddr        string `json:"ra,omitempty"`
+	APIAddr         string `json:"aa,omitempty"`
+	BootstrapExpect int    `json:"be,omitempty"`
+	// BootID is drawn at each process start, so the pool can tell a restarted member from the same run.
+	BootID string   `json:"b,omitempty"`
+	Nodes  []string `json:"n,omitempty"` // nodes an agent hosts
 }
 
 // Status is a member's liveness as gossip sees it.

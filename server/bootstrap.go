@@ -6,6 +6,7 @@ import (
 	"sort"
 	"time"
 
+	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/gossip"
 	"github.com/skiff-dev/skiff/raftnode"
 )
@@ -117,7 +118,7 @@ func (s *Server) addJoinedServers(ctx context.Context) {
 				if addr, ok := known[m.Name]; ok && addr == m.Meta.RaftAddr {
 					continue
 				}
-				if m.Meta.RaftAddr == "" {
+				if m.Meta.RaftAddr == "" || s.removedRun(m) {
 					continue
 				}
 				s.logger.Info("adding server as voter", "server", m.Name, "address", m.Meta.RaftAddr)
@@ -136,4 +137,25 @@ func (s *Server) addJoinedServers(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// removedPrefix holds one key per server an operator removed, whose value is the boot ID of the run that
+// was removed. That run is not re-added while it lingers in gossip; a restart (new boot ID) joins again.
+const removedPrefix = "/skiff/raft/removed/"
+
+func (s *Server) removedRun(m gossip.Member) bool {
+	kv, _, err := s.node.Store().Get(removedPrefix + m.Name)
+	return err == nil && string(kv.Value) == m.Meta.BootID
+}
+
+// removeServer removes a server from Raft after recording its current run as removed.
+func (s *Server) removeServer(ctx context.Context, name string) error {
+	if m, ok := s.pool.Member(name); ok && m.Meta.BootID != "" {
+		key := removedPrefix + name
+		cmd := &fsm.Command{Type: fsm.CmdTxn, Txn: &fsm.Txn{Success: []fsm.Op{{Type: fsm.OpPut, Key: key, Value: []byte(m.Meta.BootID)}}}}
+		if _, err := s.node.Apply(ctx, cmd); err != nil {
+			return err
+		}
+	}
+	return s.node.RemoveServer(name)
 }

@@ -129,8 +129,9 @@ func (s *Server) onLeader(h http.HandlerFunc) http.HandlerFunc {
 			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "no leader is known to this server; retry")
 			return
 		}
-		target := &url.URL{Scheme: "http", Host: m.Meta.APIAddr}
+		target := &url.URL{Scheme: "https", Host: m.Meta.APIAddr}
 		proxy := httputil.NewSingleHostReverseProxy(target)
+		proxy.Transport = s.peerTransport()
 		proxy.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
 			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", fmt.Sprintf("forwarding to leader %s: %v", leaderID, err))
 		}
@@ -181,7 +182,7 @@ func (s *Server) removePeer(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusBadRequest, "BadRequest", "cannot remove the leader; transfer leadership first")
 		return
 	}
-	if err := s.node.RemoveServer(name); err != nil {
+	if err := s.removeServer(r.Context(), name); err != nil {
 		if strings.Contains(err.Error(), "no server") {
 			writeStatus(w, http.StatusNotFound, "NotFound", err.Error())
 			return
@@ -252,4 +253,3 @@ func (s *Server) listMembers(w http.ResponseWriter, r *http.Request) {
 	}
 	writeJSON(w, out)
 }
-

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -22,10 +24,6 @@ import (
 	"github.com/skiff-dev/skiff/gossip"
 	"github.com/skiff-dev/skiff/raftnode"
 )
-
-// adminTokenKey holds the cluster's admin bearer token. The leader creates it once; every peer reads it from
-// its own store, so one kubeconfig works against any peer.
-const adminTokenKey = "/skiff/admin/token"
 
 // Server is one running control-plane peer.
 type Server struct {
@@ -82,7 +80,7 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 		Name: cfg.Name, BindAddr: cfg.BindAddr, BindPort: cfg.Ports.Gossip, AdvertiseAddr: cfg.AdvertiseAddr,
 		Meta: gossip.Meta{
 			Role: gossip.RoleServer, RaftAddr: cfg.AdvertiseRaftAddr(), APIAddr: cfg.AdvertiseAPIAddr(),
-			BootstrapExpect: cfg.BootstrapExpect,
+			BootstrapExpect: cfg.BootstrapExpect, BootID: bootID(),
 		},
 		RetryJoin: cfg.RetryJoin, RetryInterval: cfg.RetryInterval, EncryptKey: cfg.Encrypt,
 		Local: opts.LocalGossip, Logger: logger,
@@ -97,15 +95,19 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 			func() float64 { return float64(len(s.pool.Alive(""))) }))
 
 	s.node.OnLeadership("add-joined-servers", s.addJoinedServers)
-	s.node.OnLeadership("admin-token", s.ensureAdminToken)
+	s.node.OnLeadership("cluster-secrets", s.ensureClusterSecrets)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
-	s.http = &http.Server{Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second}
+	certs := &servingCerts{s: s}
+	s.http = &http.Server{
+		Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second,
+		TLSConfig: &tls.Config{GetCertificate: certs.get, MinVersion: tls.VersionTLS12},
+	}
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
-		if err := s.http.Serve(s.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := s.http.ServeTLS(s.ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.logger.Error("API server failed", "error", err)
 		}
 	}()
@@ -137,26 +139,6 @@ func (s *Server) KubeconfigPath() string { return filepath.Join(s.cfg.DataDir, "
 // Removed is closed when this peer was removed from the cluster; the process should exit.
 func (s *Server) Removed() <-chan struct{} { return s.node.Removed() }
 
-// ensureAdminToken is a leader service: it creates the admin token once per cluster. The token is drawn here,
-// before the command is proposed, never inside Apply.
-func (s *Server) ensureAdminToken(ctx context.Context) {
-	if _, _, err := s.node.Store().Get(adminTokenKey); err == nil {
-		return
-	}
-	buf := make([]byte, 32)
-	if _, err := rand.Read(buf); err != nil {
-		s.logger.Error("drawing admin token", "error", err)
-		return
-	}
-	res, err := s.node.Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: adminTokenKey, Value: []byte(hex.EncodeToString(buf))})
-	if err == nil {
-		err = res.Err()
-	}
-	if err != nil && !errors.Is(err, fsm.ErrAlreadyExists) && ctx.Err() == nil {
-		s.logger.Error("creating admin token", "error", err)
-	}
-}
-
 func (s *Server) adminToken() (string, bool) {
 	kv, _, err := s.node.Store().Get(adminTokenKey)
 	if err != nil {
@@ -165,11 +147,14 @@ func (s *Server) adminToken() (string, bool) {
 	return string(kv.Value), true
 }
 
-// writeKubeconfigWhenReady writes <data_dir>/admin.kubeconfig once the admin token has replicated here.
+// writeKubeconfigWhenReady writes <data_dir>/admin.kubeconfig once the cluster CA and the admin token have
+// replicated here.
 func (s *Server) writeKubeconfigWhenReady(ctx context.Context) {
 	for {
-		if token, ok := s.adminToken(); ok {
-			if err := WriteKubeconfig(s.KubeconfigPath(), "http://"+s.cfg.AdvertiseAPIAddr(), token); err != nil {
+		token, ok := s.adminToken()
+		caPEM, _, _, err := s.clusterCA()
+		if ok && err == nil {
+			if err := WriteKubeconfig(s.KubeconfigPath(), "https://"+s.cfg.AdvertiseAPIAddr(), caPEM, token); err != nil {
 				s.logger.Error("writing admin kubeconfig", "error", err)
 			} else {
 				s.logger.Info("wrote admin kubeconfig", "path", s.KubeconfigPath())
@@ -185,13 +170,14 @@ func (s *Server) writeKubeconfigWhenReady(ctx context.Context) {
 }
 
 // WriteKubeconfig writes a kubeconfig for the admin user, atomically and readable by its owner only.
-func WriteKubeconfig(path, server, token string) error {
+func WriteKubeconfig(path, server string, caPEM []byte, token string) error {
 	body := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
 - name: skiff
   cluster:
     server: %s
+    certificate-authority-data: %s
 contexts:
 - name: skiff
   context:
@@ -202,7 +188,7 @@ users:
 - name: admin
   user:
     token: %s
-`, server, token)
+`, server, base64.StdEncoding.EncodeToString(caPEM), token)
 	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
 		return err
@@ -234,4 +220,11 @@ func (s *Server) Shutdown() {
 		close(s.done)
 		s.logger.Info("server stopped")
 	})
+}
+
+// bootID identifies this run of the process in gossip.
+func bootID() string {
+	b := make([]byte, 8)
+	rand.Read(b)
+	return hex.EncodeToString(b)
 }

@@ -1,0 +1,188 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/skiff-dev/skiff/fsm"
+)
+
+// Cluster secrets live in the replicated store, created once by the first leader. The values are drawn by
+// the leader before proposing; Apply only stores bytes.
+const (
+	adminTokenKey = "/skiff/admin/token" // bearer token of the admin kubeconfig
+	clusterCAKey  = "/skiff/pki/ca"      // PEM certificate then PEM EC private key of the cluster CA
+)
+
+// ensureClusterSecrets is a leader service: it creates the cluster CA and the admin token if missing.
+func (s *Server) ensureClusterSecrets(ctx context.Context) {
+	for _, secret := range []struct {
+		key  string
+		make func() ([]byte, error)
+	}{{clusterCAKey, newCA}, {adminTokenKey, newToken}} {
+		if _, _, err := s.node.Store().Get(secret.key); err == nil {
+			continue
+		}
+		value, err := secret.make()
+		if err != nil {
+			s.logger.Error("creating cluster secret", "key", secret.key, "error", err)
+			return
+		}
+		res, err := s.node.Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: secret.key, Value: value})
+		if err == nil {
+			err = res.Err()
+		}
+		if err != nil && !errors.Is(err, fsm.ErrAlreadyExists) && ctx.Err() == nil {
+			s.logger.Error("storing cluster secret", "key", secret.key, "error", err)
+		}
+	}
+}
+
+func newToken() ([]byte, error) {
+	buf := make([]byte, 32)
+	if _, err := rand.Read(buf); err != nil {
+		return nil, err
+	}
+	return []byte(hex.EncodeToString(buf)), nil
+}
+
+func newCA() ([]byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: "skiff-ca"},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(10, 0, 0),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	pem.Encode(&out, &pem.Block{Type: "CERTIFICATE", Bytes: der})
+	pem.Encode(&out, &pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+	return out.Bytes(), nil
+}
+
+// clusterCA returns the CA certificate (PEM) and its parsed form, once it has replicated to this peer.
+func (s *Server) clusterCA() (certPEM []byte, cert *x509.Certificate, key *ecdsa.PrivateKey, err error) {
+	kv, _, err := s.node.Store().Get(clusterCAKey)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	certBlock, rest := pem.Decode(kv.Value)
+	keyBlock, _ := pem.Decode(rest)
+	if certBlock == nil || keyBlock == nil {
+		return nil, nil, nil, errors.New("cluster CA in the store is not PEM")
+	}
+	if cert, err = x509.ParseCertificate(certBlock.Bytes); err != nil {
+		return nil, nil, nil, err
+	}
+	if key, err = x509.ParseECPrivateKey(keyBlock.Bytes); err != nil {
+		return nil, nil, nil, err
+	}
+	return pem.EncodeToMemory(certBlock), cert, key, nil
+}
+
+// servingCerts hands out this peer's API serving certificate: signed by the cluster CA once the CA has
+// replicated here, self-signed before that (clients that verify against the CA see "not ready").
+type servingCerts struct {
+	s      *Server
+	mu     sync.Mutex
+	cert   *tls.Certificate
+	fromCA bool
+}
+
+func (c *servingCerts) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.fromCA {
+		return c.cert, nil
+	}
+	_, caCert, caKey, err := c.s.clusterCA()
+	switch {
+	case err == nil:
+		cert, err := c.issue(caCert, caKey)
+		if err != nil {
+			return nil, err
+		}
+		c.cert, c.fromCA = cert, true
+	case c.cert == nil:
+		cert, err := c.issue(nil, nil)
+		if err != nil {
+			return nil, err
+		}
+		c.cert = cert
+	}
+	return c.cert, nil
+}
+
+// issue creates a serving certificate for this peer's names and addresses; with a nil CA it is self-signed.
+func (c *servingCerts) issue(ca *x509.Certificate, caKey *ecdsa.PrivateKey) (*tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return nil, err
+	}
+	cfg := c.s.cfg
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: cfg.Name},
+		NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(1, 0, 0),
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		DNSNames:    []string{"localhost", cfg.Name},
+	}
+	for _, a := range []string{cfg.BindAddr, cfg.AdvertiseAddr, "127.0.0.1"} {
+		if ip := net.ParseIP(a); ip != nil && !ip.IsUnspecified() {
+			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+		}
+	}
+	parent, signer := tmpl, any(key)
+	if ca != nil {
+		parent, signer = ca, caKey
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, signer)
+	if err != nil {
+		return nil, fmt.Errorf("issuing serving certificate: %w", err)
+	}
+	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+}
+
+// peerTransport is the HTTP transport one peer uses to reach another's API: it trusts the cluster CA.
+func (s *Server) peerTransport() http.RoundTripper {
+	pool := x509.NewCertPool()
+	if caPEM, _, _, err := s.clusterCA(); err == nil {
+		pool.AppendCertsFromPEM(caPEM)
+	}
+	return &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, ResponseHeaderTimeout: time.Minute}
+}
