@@ -6,6 +6,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/skiff-dev/skiff/internal/proctest"
 )
 
 // Three `skiff server` processes on 127.0.0.1-3, started in random order from HCL files, form one cluster;
@@ -14,52 +16,52 @@ func TestThreeServerProcessesFailover(t *testing.T) {
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewSource(seed))
-	c := newCluster(t, 3)
+	c := proctest.NewCluster(t, 3, "")
 	for _, i := range r.Perm(3) {
-		c.start(c.procs[i])
+		c.Start(c.Procs[i])
 		time.Sleep(time.Duration(r.Intn(700)) * time.Millisecond)
 	}
-	first := c.procs[0]
-	waitFor(t, "admin kubeconfig", 30*time.Second, func() error {
-		_, err := os.Stat(first.kubeconfig())
+	first := c.Procs[0]
+	proctest.WaitFor(t, "admin kubeconfig", 30*time.Second, func() error {
+		_, err := os.Stat(first.Kubeconfig())
 		return err
 	})
-	oldLeader := c.byName(c.healthyPeers(first, 3))
+	oldLeader := c.ByName(c.HealthyPeers(first, 3))
 
-	c.kill(oldLeader)
-	var survivor *proc
-	for _, p := range c.procs {
+	c.Kill(oldLeader)
+	var survivor *proctest.Proc
+	for _, p := range c.Procs {
 		if p != oldLeader {
 			survivor = p
 			break
 		}
 	}
-	waitFor(t, "a new leader", 30*time.Second, func() error {
-		out, err := c.operator(survivor, "raft", "list-peers")
+	proctest.WaitFor(t, "a new leader", 30*time.Second, func() error {
+		out, err := c.Operator(survivor, "raft", "list-peers")
 		if err != nil {
 			return fmt.Errorf("%v: %s", err, out)
 		}
-		rows, err := parsePeers(out)
+		rows, err := proctest.ParsePeers(out)
 		if err != nil {
 			return err
 		}
 		for _, r := range rows {
-			if r.state == "leader" && r.name != oldLeader.name {
+			if r.State == "leader" && r.Name != oldLeader.Name {
 				return nil
 			}
 		}
 		return fmt.Errorf("no new leader yet:\n%s", out)
 	})
 
-	c.start(oldLeader)
-	newLeader := c.healthyPeers(oldLeader, 3)
-	if newLeader == oldLeader.name {
-		t.Fatalf("restarted %s took leadership back; expected it to rejoin as a follower", oldLeader.name)
+	c.Start(oldLeader)
+	newLeader := c.HealthyPeers(oldLeader, 3)
+	if newLeader == oldLeader.Name {
+		t.Fatalf("restarted %s took leadership back; expected it to rejoin as a follower", oldLeader.Name)
 	}
 	// Graceful shutdown of every server exits cleanly.
-	for _, p := range c.procs {
-		if err := c.stop(p); err != nil {
-			t.Errorf("stopping %s: %v", p.name, err)
+	for _, p := range c.Procs {
+		if err := c.Stop(p); err != nil {
+			t.Errorf("stopping %s: %v", p.Name, err)
 		}
 	}
 }

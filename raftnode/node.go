@@ -182,7 +182,7 @@ func (n *Node) open() error {
 	if err := n.rpcSrv.RegisterName("Skiff", &rpcService{n}); err != nil {
 		return err
 	}
-	go n.rpcSrv.Accept(&subListener{m: n.mux, ch: n.mux.rpc, addr: n.addr})
+	go n.serveRPC(&subListener{m: n.mux, ch: n.mux.rpc, addr: n.addr})
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(n.cfg.ID)
@@ -208,6 +208,18 @@ func (n *Node) open() error {
 		return fmt.Errorf("starting raft: %w", err)
 	}
 	return nil
+}
+
+// serveRPC serves internal RPC connections until the listener closes. (rpc.Server.Accept would log the
+// closing as an error.)
+func (n *Node) serveRPC(ln net.Listener) {
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go n.rpcSrv.ServeConn(conn)
+	}
 }
 
 func (n *Node) closeResources() {

@@ -15,8 +15,13 @@ import (
 // The internal RPC between peers rides on the Raft port (see mux). It carries forwarded writes, read-index
 // requests and status queries. net/rpc multiplexes concurrent calls over one connection per peer.
 
-// ApplyArgs is a forwarded write: an encoded fsm.Command.
-type ApplyArgs struct{ Command []byte }
+// ApplyArgs is a write: an encoded fsm.Command. Peers forward with Forward false, so the receiver must be the
+// leader and a request can never bounce between peers; external clients set Forward to let the receiver
+// forward it in turn.
+type ApplyArgs struct {
+	Command []byte
+	Forward bool
+}
 
 // ApplyReply carries the encoded fsm.Result.
 type ApplyReply struct{ Result []byte }
@@ -49,7 +54,11 @@ func (s *rpcService) Apply(args ApplyArgs, reply *ApplyReply) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.n.cfg.ApplyTimeout)
 	defer cancel()
-	res, err := s.n.applyLocal(ctx, cmd.Encode())
+	apply := s.n.applyLocal
+	if args.Forward {
+		apply = func(ctx context.Context, _ []byte) (fsm.Result, error) { return s.n.Apply(ctx, cmd) }
+	}
+	res, err := apply(ctx, cmd.Encode())
 	if err != nil {
 		return err
 	}
@@ -158,3 +167,33 @@ func isConnError(err error) bool {
 	var ne net.Error
 	return err != nil && (errors.As(err, &ne) || errors.Is(err, net.ErrClosed) || err.Error() == "unexpected EOF" || err.Error() == "EOF")
 }
+
+// Client sends writes to one peer over the internal RPC, the way a peer forwards them. Tools (benchmarks,
+// tests) use it to write through a chosen peer of a running cluster.
+type Client struct {
+	addr string
+	pool *rpcPool
+}
+
+// NewClient returns a client for the peer whose Raft address is addr.
+func NewClient(addr string, layer Layer) *Client {
+	if layer == nil {
+		layer = TCPLayer{}
+	}
+	return &Client{addr: addr, pool: &rpcPool{layer: layer, timeout: 5 * time.Second, clients: map[string]*rpc.Client{}}}
+}
+
+// Apply commits cmd through the peer, which forwards it to the leader if needed.
+func (c *Client) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
+	if cmd.Time == 0 {
+		cmd.Time = time.Now().UnixNano()
+	}
+	var reply ApplyReply
+	if err := c.pool.call(ctx, c.addr, "Skiff.Apply", ApplyArgs{Command: cmd.Encode(), Forward: true}, &reply); err != nil {
+		return fsm.Result{}, err
+	}
+	return fsm.DecodeResult(reply.Result)
+}
+
+// Close drops the connection.
+func (c *Client) Close() { c.pool.closeAll() }

@@ -1,4 +1,7 @@
-package e2e
+// Package proctest runs real `skiff server` processes on loopback addresses (127.0.0.1, .2, .3, ...) from
+// generated HCL files, and drives them through `skiff operator`, as an operator would. The e2e tests and the
+// failover benchmark use it. Set SKIFF_BIN to use a prebuilt binary; otherwise it builds one.
+package proctest
 
 import (
 	"bytes"
@@ -20,8 +23,8 @@ var (
 	buildErr  error
 )
 
-// skiffBin returns the binary under test.
-func skiffBin(t testing.TB) string {
+// Binary returns the binary under test.
+func Binary(t testing.TB) string {
 	t.Helper()
 	if p := os.Getenv("SKIFF_BIN"); p != "" {
 		abs, err := filepath.Abs(p)
@@ -37,7 +40,7 @@ func skiffBin(t testing.TB) string {
 			return
 		}
 		binPath = filepath.Join(dir, "skiff")
-		out, err := exec.Command("go", "build", "-o", binPath, "../cmd/skiff").CombinedOutput()
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/skiff-dev/skiff/cmd/skiff").CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
@@ -79,24 +82,28 @@ func commonFreePorts(t testing.TB, ips []string, n int) []int {
 	return ports
 }
 
-// proc is one skiff server process.
-type proc struct {
-	name    string
-	ip      string
-	dir     string
-	config  string
-	cmd     *exec.Cmd
-	logPath string
+// Proc is one skiff server process.
+type Proc struct {
+	Name     string
+	IP       string
+	Dir      string
+	Config   string
+	RaftAddr string // where raftnode.Client reaches this server
+	cmd      *exec.Cmd
+	logPath  string
 }
 
-// cluster is a set of server processes that share ports on different loopback addresses.
-type cluster struct {
+// Cluster is a set of server processes that share ports on different loopback addresses.
+type Cluster struct {
 	t     testing.TB
 	bin   string
-	procs []*proc
+	Procs []*Proc
 }
 
-func newCluster(t testing.TB, n int) *cluster {
+// NewCluster writes the HCL files of n servers on 127.0.0.1..n that join each other with bootstrap_expect n.
+// extraServerHCL is added inside each server block. Every process is killed at cleanup, and on failure the
+// tail of each log is printed.
+func NewCluster(t testing.TB, n int, extraServerHCL string) *Cluster {
 	t.Helper()
 	var ips []string
 	for i := 1; i <= n; i++ {
@@ -107,12 +114,13 @@ func newCluster(t testing.TB, n int) *cluster {
 	for _, ip := range ips {
 		joins = append(joins, fmt.Sprintf("%q", fmt.Sprintf("%s:%d", ip, ports[2])))
 	}
-	c := &cluster{t: t, bin: skiffBin(t)}
+	c := &Cluster{t: t, bin: Binary(t)}
 	base := t.TempDir()
 	for i, ip := range ips {
-		p := &proc{name: fmt.Sprintf("cp-%d", i+1), ip: ip, dir: filepath.Join(base, fmt.Sprintf("cp-%d", i+1))}
-		p.config = filepath.Join(base, p.name+".hcl")
-		p.logPath = filepath.Join(base, p.name+".log")
+		p := &Proc{Name: fmt.Sprintf("cp-%d", i+1), IP: ip, Dir: filepath.Join(base, fmt.Sprintf("cp-%d", i+1))}
+		p.Config = filepath.Join(base, p.Name+".hcl")
+		p.RaftAddr = fmt.Sprintf("%s:%d", ip, ports[1])
+		p.logPath = filepath.Join(base, p.Name+".log")
 		hcl := fmt.Sprintf(`name      = %q
 data_dir  = %q
 bind_addr = %q
@@ -126,21 +134,22 @@ server {
   bootstrap_expect = %d
   retry_join       = [%s]
   retry_interval   = "200ms"
+%s
 }
-`, p.name, p.dir, ip, ports[0], ports[1], ports[2], n, strings.Join(joins, ", "))
-		if err := os.WriteFile(p.config, []byte(hcl), 0o600); err != nil {
+`, p.Name, p.Dir, ip, ports[0], ports[1], ports[2], n, strings.Join(joins, ", "), extraServerHCL)
+		if err := os.WriteFile(p.Config, []byte(hcl), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		c.procs = append(c.procs, p)
+		c.Procs = append(c.Procs, p)
 	}
 	t.Cleanup(func() {
-		for _, p := range c.procs {
-			c.kill(p)
+		for _, p := range c.Procs {
+			c.Kill(p)
 		}
 		if t.Failed() {
-			for _, p := range c.procs {
+			for _, p := range c.Procs {
 				if data, err := os.ReadFile(p.logPath); err == nil {
-					t.Logf("--- %s log (tail) ---\n%s", p.name, tail(data, 4000))
+					t.Logf("--- %s log (tail) ---\n%s", p.Name, tail(data, 4000))
 				}
 			}
 		}
@@ -155,14 +164,15 @@ func tail(b []byte, n int) []byte {
 	return b
 }
 
-func (c *cluster) start(p *proc) {
+// Start starts p's server process; its output is appended to its log file.
+func (c *Cluster) Start(p *Proc) {
 	c.t.Helper()
 	logf, err := os.OpenFile(p.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o600)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	defer logf.Close()
-	cmd := exec.Command(c.bin, "server", "-config", p.config)
+	cmd := exec.Command(c.bin, "server", "-config", p.Config)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
@@ -171,8 +181,8 @@ func (c *cluster) start(p *proc) {
 	p.cmd = cmd
 }
 
-// kill sends SIGKILL and reaps the process.
-func (c *cluster) kill(p *proc) {
+// Kill sends SIGKILL and reaps the process.
+func (c *Cluster) Kill(p *Proc) {
 	if p.cmd == nil || p.cmd.Process == nil {
 		return
 	}
@@ -181,8 +191,8 @@ func (c *cluster) kill(p *proc) {
 	p.cmd = nil
 }
 
-// stop sends SIGTERM and waits for a graceful exit.
-func (c *cluster) stop(p *proc) error {
+// Stop sends SIGTERM and waits for a graceful exit.
+func (c *Cluster) Stop(p *Proc) error {
 	if p.cmd == nil {
 		return nil
 	}
@@ -194,17 +204,18 @@ func (c *cluster) stop(p *proc) error {
 		p.cmd = nil
 		return err
 	case <-time.After(20 * time.Second):
-		c.kill(p)
-		return fmt.Errorf("%s did not exit within 20s of SIGTERM", p.name)
+		c.Kill(p)
+		return fmt.Errorf("%s did not exit within 20s of SIGTERM", p.Name)
 	}
 }
 
-func (p *proc) kubeconfig() string { return filepath.Join(p.dir, "admin.kubeconfig") }
+// Kubeconfig is the admin kubeconfig the server writes.
+func (p *Proc) Kubeconfig() string { return filepath.Join(p.Dir, "admin.kubeconfig") }
 
-// operator runs `skiff operator ARGS` against p's kubeconfig.
-func (c *cluster) operator(p *proc, args ...string) (string, error) {
+// Operator runs `skiff operator ARGS` against p's kubeconfig.
+func (c *Cluster) Operator(p *Proc, args ...string) (string, error) {
 	full := append([]string{"operator"}, args...)
-	full = append(full[:len(args)+1:len(args)+1], "-kubeconfig", p.kubeconfig())
+	full = append(full[:len(args)+1:len(args)+1], "-kubeconfig", p.Kubeconfig())
 	// Flags go after the subcommand words but before positional arguments; list-peers and members take none.
 	cmd := exec.Command(c.bin, full...)
 	var out bytes.Buffer
@@ -213,27 +224,28 @@ func (c *cluster) operator(p *proc, args ...string) (string, error) {
 	return out.String(), err
 }
 
-// peerRow is one row of list-peers.
-type peerRow struct{ name, id, address, state, voter string }
+// PeerRow is one row of list-peers.
+type PeerRow struct{ Name, ID, Address, State, Voter string }
 
-func parsePeers(out string) ([]peerRow, error) {
+// ParsePeers reads the table `skiff operator raft list-peers` prints.
+func ParsePeers(out string) ([]PeerRow, error) {
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if len(lines) == 0 || strings.Join(strings.Fields(lines[0]), " ") != "NAME ID ADDRESS STATE VOTER" {
 		return nil, fmt.Errorf("unexpected list-peers output: %q", out)
 	}
-	var rows []peerRow
+	var rows []PeerRow
 	for _, l := range lines[1:] {
 		f := strings.Fields(l)
 		if len(f) != 5 {
 			return nil, fmt.Errorf("bad row %q", l)
 		}
-		rows = append(rows, peerRow{f[0], f[1], f[2], f[3], f[4]})
+		rows = append(rows, PeerRow{f[0], f[1], f[2], f[3], f[4]})
 	}
 	return rows, nil
 }
 
-// waitFor polls cond until nil or timeout.
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() error) {
+// WaitFor polls cond until nil or timeout.
+func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() error) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
@@ -248,27 +260,27 @@ func waitFor(t testing.TB, what string, timeout time.Duration, cond func() error
 	}
 }
 
-// healthyPeers waits until list-peers through p shows want voters and exactly one leader, and returns the
+// HealthyPeers waits until list-peers through p shows want voters and exactly one leader, and returns the
 // leader's name.
-func (c *cluster) healthyPeers(p *proc, want int) string {
+func (c *Cluster) HealthyPeers(p *Proc, want int) string {
 	c.t.Helper()
 	var leader string
-	waitFor(c.t, "list-peers via "+p.name+" to show one leader and all voters", 30*time.Second, func() error {
-		out, err := c.operator(p, "raft", "list-peers")
+	WaitFor(c.t, "list-peers via "+p.Name+" to show one leader and all voters", 30*time.Second, func() error {
+		out, err := c.Operator(p, "raft", "list-peers")
 		if err != nil {
 			return fmt.Errorf("%v: %s", err, out)
 		}
-		rows, err := parsePeers(out)
+		rows, err := ParsePeers(out)
 		if err != nil {
 			return err
 		}
 		leaders, voters := 0, 0
 		for _, r := range rows {
-			if r.state == "leader" {
+			if r.State == "leader" {
 				leaders++
-				leader = r.name
+				leader = r.Name
 			}
-			if r.voter == "true" {
+			if r.Voter == "true" {
 				voters++
 			}
 		}
@@ -280,9 +292,10 @@ func (c *cluster) healthyPeers(p *proc, want int) string {
 	return leader
 }
 
-func (c *cluster) byName(name string) *proc {
-	for _, p := range c.procs {
-		if p.name == name {
+// ByName returns the process with the given server name.
+func (c *Cluster) ByName(name string) *Proc {
+	for _, p := range c.Procs {
+		if p.Name == name {
 			return p
 		}
 	}
