@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"math/rand"
 	"net"
@@ -171,12 +172,10 @@ func waitOneCluster(t testing.TB, peers []*testPeer, want int) string {
 	return agreed
 }
 
+var bootstrapTrials = flag.Int("bootstrap.trials", 6, "random start orders in TestBootstrapRandomStartOrders")
+
 func TestBootstrapRandomStartOrders(t *testing.T) {
-	trials := 6
-	if testing.Short() {
-		trials = 2
-	}
-	for trial := 0; trial < trials; trial++ {
+	for trial := 0; trial < *bootstrapTrials; trial++ {
 		seed := time.Now().UnixNano()
 		t.Run(fmt.Sprintf("seed-%d", seed), func(t *testing.T) {
 			r := rand.New(rand.NewSource(seed))

@@ -1,0 +1,49 @@
+# Skiff build, test and benchmark entry points. `make test` is what CI runs (through .ci/run).
+GO        ?= go
+BIN       := bin/skiff
+PKGS      := ./...
+export PATH := $(PATH):/usr/local/go/bin
+
+.PHONY: all setup build lint test unit e2e smoke bench chaos dev clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+build:
+	$(GO) build -o $(BIN) ./cmd/skiff
+
+lint:
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)
+
+# The full test suite: lint, unit and cluster tests with the race detector, process-level tests against the
+# built binary, and a short smoke of the chaos and benchmark suites.
+test: setup build lint
+	$(GO) test -race -count=1 -timeout 15m ./fsm/... ./raftnode/... ./config/... ./gossip/... ./server/...
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 10m ./e2e/...
+	$(MAKE) --no-print-directory smoke
+
+smoke:
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Write' -benchtime 300x -timeout 10m ./bench/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Failover' -benchtime 2x -timeout 10m ./bench/
+
+# Full benchmarks; docs/BENCHMARKS.md records their figures and these commands.
+bench: setup build
+	$(GO) test -count=1 -run '^$$' -bench . -benchmem -timeout 30m ./fsm/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Write' -benchtime 20000x -timeout 30m ./bench/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Failover' -benchtime 20x -timeout 30m ./bench/
+
+# Longer fault suites: many chaos rounds and many randomized bootstrap start orders.
+chaos: setup build
+	$(GO) test -race -count=1 -run 'TestChaos' -timeout 30m ./raftnode/ -args -chaos.rounds=60
+	$(GO) test -count=1 -run 'TestBootstrapRandomStartOrders' -timeout 30m ./server/ -args -bootstrap.trials=40
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=5 -timeout 30m ./e2e/...
+
+# A single-server cluster in the foreground (Ctrl-C stops it and removes its temporary data).
+dev: setup build
+	$(BIN) dev
+
+clean:
+	rm -rf bin
