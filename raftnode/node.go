@@ -337,8 +337,10 @@ func (n *Node) applyLocal(ctx context.Context, data []byte) (fsm.Result, error) 
 		timeout = time.Until(dl)
 	}
 	f := n.raft.Apply(data, timeout)
-	if err := f.Error(); err != nil {
+	if err := n.await(ctx, f); err != nil {
 		switch {
+		case errors.Is(err, errAwaitAbandoned):
+			return fsm.Result{}, fmt.Errorf("%w (%v)", ErrUnknownOutcome, ctx.Err())
 		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress):
 			return fsm.Result{}, ErrNotLeader
 		case errors.Is(err, raft.ErrRaftShutdown):
@@ -424,13 +426,31 @@ func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
 		return 0, ErrNoLeader
 	}
 	idx := n.raft.CommitIndex()
-	if err := n.raft.VerifyLeader().Error(); err != nil {
+	if err := n.await(ctx, n.raft.VerifyLeader()); err != nil {
 		return 0, ErrNotLeader
 	}
 	if !n.store.WaitApplied(idx, ctx.Done()) {
 		return 0, ErrNoLeader
 	}
 	return idx, nil
+}
+
+// errAwaitAbandoned means await stopped waiting before the future resolved.
+var errAwaitAbandoned = errors.New("raftnode: stopped waiting for raft")
+
+// await waits for a Raft future, but no longer than ctx and this node's life. A future can stay unresolved
+// forever: with BatchApplyCh, one still buffered when Raft shuts down is never answered.
+func (n *Node) await(ctx context.Context, f raft.Future) error {
+	done := make(chan error, 1)
+	go func() { done <- f.Error() }()
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return errAwaitAbandoned
+	case <-n.shutdown:
+		return ErrShutdown
+	}
 }
 
 // OnLeadership registers a service that runs while this peer is leader. It starts after the new leader's
