@@ -29,16 +29,19 @@ type Meta struct {
 	// BootID is drawn at each process start, so the pool can tell a restarted member from the same run.
 	BootID string   `json:"b,omitempty"`
 	Nodes  []string `json:"n,omitempty"` // nodes an agent hosts
+	// Leaving is set just before a graceful leave, so the others can tell "left" from "failed": memberlist
+	// reports both as a leave.
+	Leaving bool `json:"l,omitempty"`
 }
 
-// Status is a member's liveness as gossip sees it.
+// Status is a member's liveness as gossip sees it. (memberlist keeps suspicion to itself: a suspect member
+// stays alive here until it is declared dead.)
 type Status string
 
 const (
-	StatusAlive   Status = "alive"
-	StatusSuspect Status = "suspect"
-	StatusDead    Status = "dead"
-	StatusLeft    Status = "left"
+	StatusAlive Status = "alive"
+	StatusDead  Status = "dead"
+	StatusLeft  Status = "left"
 )
 
 // Member is one entry of the pool's member table.
@@ -230,7 +233,15 @@ func (p *Pool) UpdateMeta(m Meta) error {
 }
 
 // Leave tells the pool this member is going away, waiting up to timeout for the message to spread.
-func (p *Pool) Leave(timeout time.Duration) error { return p.ml.Leave(timeout) }
+func (p *Pool) Leave(timeout time.Duration) error {
+	p.mu.Lock()
+	p.meta.Leaving = true
+	p.mu.Unlock()
+	if err := p.ml.UpdateNode(timeout / 2); err != nil {
+		p.logger.Warn("announcing leave", "error", err)
+	}
+	return p.ml.Leave(timeout / 2)
+}
 
 // Shutdown stops the member without leaving (others will see it fail).
 func (p *Pool) Shutdown() error {
@@ -240,9 +251,18 @@ func (p *Pool) Shutdown() error {
 }
 
 func (p *Pool) record(t EventType, n *memberlist.Node) {
-	m := Member{Name: n.Name, Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), Status: toStatus(n.State)}
+	m := Member{Name: n.Name, Addr: net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port))), Status: StatusAlive}
 	if err := json.Unmarshal(n.Meta, &m.Meta); err != nil && len(n.Meta) > 0 {
 		p.logger.Warn("member sent unreadable metadata", "member", n.Name, "error", err)
+	}
+	// memberlist does not fill n.State in its notifications; the event type and the leaving flag tell.
+	if t == EventLeave {
+		m.Status = StatusDead
+		if m.Meta.Leaving {
+			m.Status = StatusLeft
+		}
+	} else if m.Meta.Leaving {
+		m.Status = StatusLeft
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -256,18 +276,6 @@ func (p *Pool) record(t EventType, n *memberlist.Node) {
 			close(ch)
 		}
 	}
-}
-
-func toStatus(s memberlist.NodeStateType) Status {
-	switch s {
-	case memberlist.StateAlive:
-		return StatusAlive
-	case memberlist.StateSuspect:
-		return StatusSuspect
-	case memberlist.StateLeft:
-		return StatusLeft
-	}
-	return StatusDead
 }
 
 // events receives memberlist's notifications.

@@ -51,8 +51,8 @@ func Binary(t testing.TB) string {
 	return binPath
 }
 
-// commonFreePorts finds n ports free for TCP and UDP on every one of ips.
-func commonFreePorts(t testing.TB, ips []string, n int) []int {
+// FreePorts finds n ports free for TCP and UDP on every one of ips.
+func FreePorts(t testing.TB, ips []string, n int) []int {
 	t.Helper()
 	var ports []int
 	for len(ports) < n {
@@ -62,24 +62,30 @@ func commonFreePorts(t testing.TB, ips []string, n int) []int {
 		}
 		port := ln.Addr().(*net.TCPAddr).Port
 		ln.Close()
-		ok := true
-		for _, ip := range ips {
-			addr := fmt.Sprintf("%s:%d", ip, port)
-			l, err1 := net.Listen("tcp", addr)
-			u, err2 := net.ListenPacket("udp", addr)
-			if l != nil {
-				l.Close()
-			}
-			if u != nil {
-				u.Close()
-			}
-			ok = ok && err1 == nil && err2 == nil
-		}
-		if ok {
+		if PortsFree(ips, port) {
 			ports = append(ports, port)
 		}
 	}
 	return ports
+}
+
+// PortsFree reports whether port is free for TCP and UDP on every one of ips.
+func PortsFree(ips []string, port int) bool {
+	for _, ip := range ips {
+		addr := fmt.Sprintf("%s:%d", ip, port)
+		l, err1 := net.Listen("tcp", addr)
+		u, err2 := net.ListenPacket("udp", addr)
+		if l != nil {
+			l.Close()
+		}
+		if u != nil {
+			u.Close()
+		}
+		if err1 != nil || err2 != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // Proc is one skiff server process.
@@ -109,7 +115,7 @@ func NewCluster(t testing.TB, n int, extraServerHCL string) *Cluster {
 	for i := 1; i <= n; i++ {
 		ips = append(ips, fmt.Sprintf("127.0.0.%d", i))
 	}
-	ports := commonFreePorts(t, ips, 3)
+	ports := FreePorts(t, ips, 3)
 	var joins []string
 	for _, ip := range ips {
 		joins = append(joins, fmt.Sprintf("%q", fmt.Sprintf("%s:%d", ip, ports[2])))

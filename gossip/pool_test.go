@@ -1,0 +1,113 @@
+package gossip
+
+import (
+	"fmt"
+	"net"
+	"testing"
+	"time"
+)
+
+func freePort(t *testing.T) int {
+	for {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := ln.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		ln.Close()
+		if err == nil {
+			u.Close()
+			return port
+		}
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestJoinMetadataEventsAndLeave(t *testing.T) {
+	key := "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=" // 32 bytes, base64
+	ports := []int{freePort(t), freePort(t), freePort(t)}
+	join := []string{fmt.Sprintf("127.0.0.1:%d", ports[0])}
+	var pools []*Pool
+	for i, port := range ports {
+		p, err := New(Config{
+			Name: fmt.Sprintf("m%d", i), BindAddr: "127.0.0.1", BindPort: port, RetryJoin: join,
+			RetryInterval: 50 * time.Millisecond, EncryptKey: key, Local: true,
+			Meta: Meta{Role: RoleServer, RaftAddr: fmt.Sprintf("127.0.0.1:%d", 10000+i), BootstrapExpect: 3},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Shutdown()
+		pools = append(pools, p)
+	}
+	events, cancel := pools[0].Subscribe()
+	defer cancel()
+	waitFor(t, "three alive servers everywhere", func() bool {
+		for _, p := range pools {
+			if len(p.Alive(RoleServer)) != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	m, ok := pools[1].Member("m2")
+	if !ok || m.Meta.RaftAddr != "127.0.0.1:10002" || m.Meta.BootstrapExpect != 3 {
+		t.Fatalf("metadata of m2 as seen by m1: %+v", m)
+	}
+	if err := pools[2].UpdateMeta(Meta{Role: RoleServer, RaftAddr: "127.0.0.1:20002", BootstrapExpect: 3}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "metadata update", func() bool {
+		m, _ := pools[0].Member("m2")
+		return m.Meta.RaftAddr == "127.0.0.1:20002"
+	})
+	if err := pools[2].Leave(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "m2 to have left", func() bool {
+		m, _ := pools[0].Member("m2")
+		return m.Status == StatusLeft
+	})
+	sawLeave := false
+	for !sawLeave {
+		select {
+		case ev := <-events:
+			sawLeave = ev.Type == EventLeave && ev.Member.Name == "m2"
+		case <-time.After(5 * time.Second):
+			t.Fatal("no leave event")
+		}
+	}
+}
+
+func TestWrongEncryptionKeyCannotJoin(t *testing.T) {
+	a, b := freePort(t), freePort(t)
+	p1, err := New(Config{Name: "a", BindAddr: "127.0.0.1", BindPort: a, Local: true, EncryptKey: "MDEyMzQ1Njc4OWFiY2RlZg=="})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p1.Shutdown()
+	p2, err := New(Config{Name: "b", BindAddr: "127.0.0.1", BindPort: b, Local: true, EncryptKey: "ZmVkY2JhOTg3NjU0MzIxMA==",
+		RetryJoin: []string{fmt.Sprintf("127.0.0.1:%d", a)}, RetryInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p2.Shutdown()
+	time.Sleep(500 * time.Millisecond) // give the join attempts time to fail; success would show up below
+	if len(p1.Alive("")) != 1 {
+		t.Fatalf("a member with another key joined: %+v", p1.Alive(""))
+	}
+	if _, err := New(Config{Name: "c", BindAddr: "127.0.0.1", BindPort: freePort(t), EncryptKey: "not base64!"}); err == nil {
+		t.Fatal("bad key accepted")
+	}
+}
