@@ -20,6 +20,8 @@ const (
 	CmdUpdate CommandType = 3 // replace a live key, optionally only at an expected mod revision
 	CmdDelete CommandType = 4 // delete a live key, optionally only at an expected mod revision
 	CmdTxn    CommandType = 5 // compares, then one of two op lists, all in one revision
+	// CmdCompact drops watch history up to CompactRevision, as etcd's compaction does. Keys are untouched.
+	CmdCompact CommandType = 6
 )
 
 // commandVersion is the payload encoding version written by this build.
@@ -39,6 +41,9 @@ type Command struct {
 
 	// CmdTxn.
 	Txn *Txn
+
+	// CmdCompact.
+	CompactRevision int64
 }
 
 // Txn applies Success when every compare holds, Failure otherwise, atomically in one revision.
@@ -164,6 +169,7 @@ func init() {
 	registerCommand(CmdUpdate, "update", applyUpdate)
 	registerCommand(CmdDelete, "delete", applyDelete)
 	registerCommand(CmdTxn, "txn", applyTxnCommand)
+	registerCommand(CmdCompact, "compact", applyCompact)
 }
 
 // String names the command type, for logs and metrics.
@@ -188,6 +194,7 @@ func (c *Command) Encode() []byte {
 	if c.Txn != nil {
 		encodeTxn(&e, c.Txn)
 	}
+	e.varint(c.CompactRevision)
 	return e.buf
 }
 
@@ -214,6 +221,7 @@ func DecodeCommand(data []byte) (*Command, error) {
 	if d.bool() {
 		c.Txn = decodeTxn(&d)
 	}
+	c.CompactRevision = d.varint()
 	if err := d.done(); err != nil {
 		return nil, fmt.Errorf("fsm: decoding %s command: %w", typ, err)
 	}

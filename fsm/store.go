@@ -258,6 +258,11 @@ func applyTxnCommand(t *applyTxn, c *Command) Result {
 	return res
 }
 
+func applyCompact(t *applyTxn, c *Command) Result {
+	t.s.history.compactTo(min(c.CompactRevision, t.s.revision))
+	return Result{}
+}
+
 func compareHolds(kv *KeyValue, c Compare) bool {
 	var cmp int
 	switch c.Target {

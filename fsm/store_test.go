@@ -233,6 +233,23 @@ func TestWatchCompacted(t *testing.T) {
 	}
 }
 
+func TestCompactCommand(t *testing.T) {
+	a := newApplier(Options{})
+	for i := 0; i < 5; i++ {
+		a.apply(Command{Type: CmdCreate, Key: fmt.Sprintf("/k/%d", i)})
+	}
+	a.apply(Command{Type: CmdCompact, CompactRevision: 3})
+	if _, err := a.s.Watch("/k/", 2); !errors.Is(err, ErrCompacted) {
+		t.Fatalf("watch below the compaction: %v", err)
+	}
+	if _, err := a.s.Watch("/k/", 3); err != nil {
+		t.Fatalf("watch at the compaction: %v", err)
+	}
+	if n, _ := a.s.Count("/k/"); n != 5 || a.s.CompactedRevision() != 3 {
+		t.Fatalf("compaction changed keys (%d) or did not record revision (%d)", n, a.s.CompactedRevision())
+	}
+}
+
 func TestSlowWatcherIsCutOff(t *testing.T) {
 	a := newApplier(Options{HistoryEvents: 8})
 	w, err := a.s.Watch("/", 0)

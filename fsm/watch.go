@@ -67,6 +67,16 @@ func (h *history) evictOldest() {
 	h.size--
 }
 
+// compactTo drops every event at or below rev; watches must start above it.
+func (h *history) compactTo(rev int64) {
+	for h.size > 0 && h.at(h.oldest()).Revision <= rev {
+		h.evictOldest()
+	}
+	if rev > h.compacted {
+		h.compacted = rev
+	}
+}
+
 // trim drops events older than maxAge relative to now, the proposer time of the entry just applied.
 func (h *history) trim(now int64) {
 	for h.size > 0 && h.times[h.oldest()%uint64(len(h.buf))] < now-h.maxAge {
