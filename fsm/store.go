@@ -134,9 +134,10 @@ func (s *Store) applyLocked(index uint64, data []byte) Result {
 	if t.changed {
 		s.revision = t.rev
 	}
-	if cmd.Type == CmdNoop {
+	if cmd.Type == CmdNoop || cmd.Type == CmdCompact {
 		// A no-op moves the revision too, so that after a restore or a new term the store's revision is the
-		// Raft index and stays above every revision a client has seen.
+		// Raft index and stays above every revision a client has seen. A compaction moves it as etcd's
+		// compactor (which writes its own key) does.
 		s.revision = t.rev
 	}
 	s.history.trim(cmd.Time)

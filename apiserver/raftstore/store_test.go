@@ -14,6 +14,7 @@ import (
 	examplev1 "k8s.io/apiserver/pkg/apis/example/v1"
 	"k8s.io/apiserver/pkg/storage"
 	storagetesting "k8s.io/apiserver/pkg/storage/testing"
+	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
 
 	"github.com/skiff-dev/skiff/fsm"
 	rt "github.com/skiff-dev/skiff/raftnode/raftnodetest"
@@ -213,5 +214,5 @@ func TestWatches(t *testing.T) {
 
 func TestStats(t *testing.T) {
 	ctx, s, _ := testSetup(t)
-	storagetesting.RunTestStats(ctx, t, s, apitesting.TestCodec(codecs, examplev1.SchemeGroupVersion), nil, false)
+	storagetesting.RunTestStats(ctx, t, s, apitesting.TestCodec(codecs, examplev1.SchemeGroupVersion), identity.NewEncryptCheckTransformer(), false)
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -45,6 +46,13 @@ func (s *Store) Watch(ctx context.Context, key string, opts storage.ListOptions)
 	}
 	if opts.ProgressNotify && s.newFunc == nil {
 		return nil, apierrors.NewInternalError(errors.New("progressNotify for watch is unsupported because no newFunc was provided"))
+	}
+	if ctx.Err() != nil {
+		// A watch on a finished context is closed at once, without an error.
+		wc := &watchChan{result: make(chan watch.Event)}
+		close(wc.result)
+		wc.cancel = func() {}
+		return wc, nil
 	}
 	watchList := utilfeature.DefaultFeatureGate.Enabled(features.WatchList)
 	initialEvents := (opts.SendInitialEvents == nil && rev == 0) ||
@@ -99,6 +107,9 @@ func (s *Store) Watch(ctx context.Context, key string, opts storage.ListOptions)
 	s.watchers[wc] = struct{}{}
 	s.mu.Unlock()
 	go wc.run(initial, fromRev, endBookmark)
+	if wc.progressNotify {
+		go wc.notifyProgressPeriodically()
+	}
 	utilflowcontrol.WatchInitialized(ctx)
 	return wc, nil
 }
@@ -115,6 +126,23 @@ func (s *Store) RequestWatchProgress(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// progressInterval is how often a progress-notifying watch gets a bookmark when nothing else asks for one,
+// as etcd's watch-progress-notify-interval does.
+var progressInterval = 5 * time.Second
+
+func (wc *watchChan) notifyProgressPeriodically() {
+	t := time.NewTicker(progressInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-wc.ctx.Done():
+			return
+		case <-t.C:
+			wc.fw.RequestProgress()
+		}
+	}
 }
 
 func (wc *watchChan) ResultChan() <-chan watch.Event { return wc.result }
