@@ -134,12 +134,18 @@ func TestLists(t *testing.T) {
 		name string
 		run  func(context.Context, *testing.T, *Store, *testEnv)
 	}{
-		{"Paging", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestListPaging(ctx, t, s) }},
+		{"Paging", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestListPaging(ctx, t, s)
+		}},
 		{"NonRecursive", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
 			storagetesting.RunTestGetListNonRecursive(ctx, t, e.increaseRV, s)
 		}},
-		{"RecursivePrefix", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestGetListRecursivePrefix(ctx, t, s) }},
-		{"KeySchema", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestKeySchema(ctx, t, s) }},
+		{"RecursivePrefix", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestGetListRecursivePrefix(ctx, t, s)
+		}},
+		{"KeySchema", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestKeySchema(ctx, t, s)
+		}},
 		{"List", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
 			storagetesting.RunTestList(ctx, t, s, e.compact, false, nil)
 		}},
@@ -161,7 +167,9 @@ func TestLists(t *testing.T) {
 		{"InconsistentContinuation", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
 			storagetesting.RunTestListInconsistentContinuation(ctx, t, s, e.compact)
 		}},
-		{"NamespaceScoped", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestNamespaceScopedList(ctx, t, s) }},
+		{"NamespaceScoped", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestNamespaceScopedList(ctx, t, s)
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, s, e := testSetup(t)
@@ -176,14 +184,30 @@ func TestWatches(t *testing.T) {
 		run  func(context.Context, *testing.T, *Store, *testEnv)
 	}{
 		{"Watch", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestWatch(ctx, t, s) }},
-		{"ClusterScoped", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestClusterScopedWatch(ctx, t, s) }},
-		{"NamespaceScoped", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestNamespaceScopedWatch(ctx, t, s) }},
-		{"DeleteTriggers", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestDeleteTriggerWatch(ctx, t, s) }},
-		{"FromZero", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestWatchFromZero(ctx, t, s, e.compact) }},
-		{"FromNonZero", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestWatchFromNonZero(ctx, t, s) }},
-		{"DelayedDelivery", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestDelayedWatchDelivery(ctx, t, s) }},
-		{"ContextCancel", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestWatchContextCancel(ctx, t, s) }},
-		{"WatcherTimeout", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunTestWatcherTimeout(ctx, t, s) }},
+		{"ClusterScoped", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestClusterScopedWatch(ctx, t, s)
+		}},
+		{"NamespaceScoped", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestNamespaceScopedWatch(ctx, t, s)
+		}},
+		{"DeleteTriggers", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestDeleteTriggerWatch(ctx, t, s)
+		}},
+		{"FromZero", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestWatchFromZero(ctx, t, s, e.compact)
+		}},
+		{"FromNonZero", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestWatchFromNonZero(ctx, t, s)
+		}},
+		{"DelayedDelivery", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestDelayedWatchDelivery(ctx, t, s)
+		}},
+		{"ContextCancel", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestWatchContextCancel(ctx, t, s)
+		}},
+		{"WatcherTimeout", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunTestWatcherTimeout(ctx, t, s)
+		}},
 		{"DeleteEventObjectHaveLatestRV", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
 			storagetesting.RunTestWatchDeleteEventObjectHaveLatestRV(ctx, t, s)
 		}},
@@ -199,11 +223,15 @@ func TestWatches(t *testing.T) {
 		{"SendInitialEventsBackwardCompatibility", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
 			storagetesting.RunSendInitialEventsBackwardCompatibility(ctx, t, s)
 		}},
-		{"Semantics", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunWatchSemantics(ctx, t, s) }},
+		{"Semantics", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunWatchSemantics(ctx, t, s)
+		}},
 		{"SemanticInitialEventsExtended", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
 			storagetesting.RunWatchSemanticInitialEventsExtended(ctx, t, s)
 		}},
-		{"ListMatchSingle", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) { storagetesting.RunWatchListMatchSingle(ctx, t, s) }},
+		{"ListMatchSingle", func(ctx context.Context, t *testing.T, s *Store, e *testEnv) {
+			storagetesting.RunWatchListMatchSingle(ctx, t, s)
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, s, e := testSetup(t)
