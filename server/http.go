@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -14,7 +13,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/component-base/metrics/legacyregistry"
 
 	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/raftnode"
@@ -42,11 +43,17 @@ type MemberInfo struct {
 // forwardedHeader marks a request a follower proxied to the leader, so it is never proxied twice.
 const forwardedHeader = "X-Skiff-Forwarded-By"
 
-func (s *Server) routes() http.Handler {
+// bootstrapRoutes serve the API port until the cluster CA exists: health only.
+func (s *Server) bootstrapRoutes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /livez", s.livez)
 	mux.HandleFunc("GET /readyz", s.readyz)
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// operatorRoutes are mounted in the API server under /v1/operator/, behind its authentication.
+func (s *Server) operatorRoutes() http.Handler {
+	mux := http.NewServeMux()
 	for _, r := range []struct {
 		pattern    string
 		leaderOnly bool
@@ -63,9 +70,14 @@ func (s *Server) routes() http.Handler {
 		if r.leaderOnly {
 			h = s.onLeader(h)
 		}
-		mux.Handle(r.pattern, s.authenticated(h))
+		mux.Handle(r.pattern, h)
 	}
 	return mux
+}
+
+// metricsHandler serves /metrics: Skiff's own metrics (Raft, store, gossip) and the API library's.
+func (s *Server) metricsHandler() http.Handler {
+	return promhttp.HandlerFor(prometheus.Gatherers{legacyregistry.DefaultGatherer, s.reg}, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
 }
 
 // writeStatus writes an error as a Kubernetes-style Status body.
@@ -97,23 +109,6 @@ func writeError(w http.ResponseWriter, err error) {
 	default:
 		writeStatus(w, http.StatusInternalServerError, "InternalError", err.Error())
 	}
-}
-
-// authenticated requires the cluster's admin bearer token.
-func (s *Server) authenticated(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		token, ok := s.adminToken()
-		if !ok {
-			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "the cluster has not finished bootstrapping")
-			return
-		}
-		got, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !found || subtle.ConstantTimeCompare([]byte(got), []byte(token)) != 1 {
-			writeStatus(w, http.StatusUnauthorized, "Unauthorized", "a valid bearer token is required")
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
 }
 
 // onLeader runs h on the leader: a follower proxies the request to the leader's API address, found in gossip.

@@ -145,13 +145,23 @@ func (c *servingCerts) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 
 // issue creates a serving certificate for this peer's names and addresses; with a nil CA it is self-signed.
 func (c *servingCerts) issue(ca *x509.Certificate, caKey *ecdsa.PrivateKey) (*tls.Certificate, error) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	certPEM, keyPEM, err := c.issuePEM(ca, caKey)
 	if err != nil {
 		return nil, err
 	}
+	cert, err := tls.X509KeyPair(certPEM, keyPEM)
+	return &cert, err
+}
+
+// issuePEM is issue, in PEM form.
+func (c *servingCerts) issuePEM(ca *x509.Certificate, caKey *ecdsa.PrivateKey) (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, err
+	}
 	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cfg := c.s.cfg
 	now := time.Now()
@@ -160,7 +170,7 @@ func (c *servingCerts) issue(ca *x509.Certificate, caKey *ecdsa.PrivateKey) (*tl
 		NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(1, 0, 0),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:    []string{"localhost", cfg.Name},
+		DNSNames:    []string{"localhost", cfg.Name, "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
 	}
 	for _, a := range []string{cfg.BindAddr, cfg.AdvertiseAddr, "127.0.0.1"} {
 		if ip := net.ParseIP(a); ip != nil && !ip.IsUnspecified() {
@@ -173,9 +183,17 @@ func (c *servingCerts) issue(ca *x509.Certificate, caKey *ecdsa.PrivateKey) (*tl
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, &key.PublicKey, signer)
 	if err != nil {
-		return nil, fmt.Errorf("issuing serving certificate: %w", err)
+		return nil, nil, fmt.Errorf("issuing serving certificate: %w", err)
 	}
-	return &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}, nil
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, err
+	}
+	certPEM = pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
+	if ca != nil { // serve the chain, so clients that trust the CA verify it
+		certPEM = append(certPEM, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})...)
+	}
+	return certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }
 
 // peerTransport is the HTTP transport one peer uses to reach another's API: it trusts the cluster CA.

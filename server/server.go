@@ -17,8 +17,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"k8s.io/apiserver/pkg/server/healthz"
+
+	"github.com/skiff-dev/skiff/apiserver"
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/gossip"
@@ -90,7 +92,7 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 		s.node.Shutdown()
 		return nil, err
 	}
-	s.reg.MustRegister(s.node.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	s.reg.MustRegister(s.node.Collector(),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "skiff_gossip_members", Help: "Alive gossip members."},
 			func() float64 { return float64(len(s.pool.Alive(""))) }))
 
@@ -99,21 +101,23 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
+	// Until the cluster has its CA, the API port answers only /livez and /readyz, with a self-signed
+	// certificate; then the Kubernetes API takes the port over (serveAPI).
 	certs := &servingCerts{s: s}
 	s.http = &http.Server{
-		Handler: s.routes(), ReadHeaderTimeout: 10 * time.Second,
+		Handler: s.bootstrapRoutes(), ReadHeaderTimeout: 10 * time.Second,
 		TLSConfig: &tls.Config{GetCertificate: certs.get, MinVersion: tls.VersionTLS12},
 	}
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
 		if err := s.http.ServeTLS(s.ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.logger.Error("API server failed", "error", err)
+			s.logger.Error("bootstrap API listener failed", "error", err)
 		}
 	}()
 	go func() {
 		defer s.wg.Done()
-		s.writeKubeconfigWhenReady(ctx)
+		s.serveAPI(ctx, certs)
 	}()
 	if !s.node.HasState() {
 		s.wg.Add(1)
@@ -147,19 +151,19 @@ func (s *Server) adminToken() (string, bool) {
 	return string(kv.Value), true
 }
 
-// writeKubeconfigWhenReady writes <data_dir>/admin.kubeconfig once the cluster CA and the admin token have
-// replicated here.
-func (s *Server) writeKubeconfigWhenReady(ctx context.Context) {
+// serveAPI waits until the cluster CA and the admin token have replicated here, then serves the Kubernetes
+// API on the API port, with a serving certificate issued by the cluster CA, and writes admin.kubeconfig. It
+// returns when ctx ends.
+func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
+	var token string
+	var caPEM []byte
 	for {
-		token, ok := s.adminToken()
-		caPEM, _, _, err := s.clusterCA()
+		var ok bool
+		var err error
+		token, ok = s.adminToken()
+		caPEM, _, _, err = s.clusterCA()
 		if ok && err == nil {
-			if err := WriteKubeconfig(s.KubeconfigPath(), "https://"+s.cfg.AdvertiseAPIAddr(), caPEM, token); err != nil {
-				s.logger.Error("writing admin kubeconfig", "error", err)
-			} else {
-				s.logger.Info("wrote admin kubeconfig", "path", s.KubeconfigPath())
-			}
-			return
+			break
 		}
 		select {
 		case <-ctx.Done():
@@ -167,6 +171,54 @@ func (s *Server) writeKubeconfigWhenReady(ctx context.Context) {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	_, caCert, caKey, _ := s.clusterCA()
+	certPEM, keyPEM, err := certs.issuePEM(caCert, caKey)
+	if err != nil {
+		s.logger.Error("issuing the API serving certificate", "error", err)
+		return
+	}
+	// Hand the port over from the bootstrap listener to the API server.
+	shutdownCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	s.http.Shutdown(shutdownCtx)
+	cancel()
+	var ln net.Listener
+	for attempt := 0; ; attempt++ {
+		if ln, err = net.Listen("tcp", s.cfg.APIAddr()); err == nil {
+			break
+		}
+		if attempt == 50 || ctx.Err() != nil {
+			s.logger.Error("listening for the API", "address", s.cfg.APIAddr(), "error", err)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	api, err := apiserver.New(apiserver.Config{
+		Backend: s.node, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM, AdminToken: token,
+		Handlers:     map[string]http.Handler{"/v1/operator/": s.operatorRoutes(), "/metrics": s.metricsHandler()},
+		ReadyzChecks: []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
+	})
+	if err != nil {
+		ln.Close()
+		s.logger.Error("building the API server", "error", err)
+		return
+	}
+	if err := WriteKubeconfig(s.KubeconfigPath(), "https://"+s.cfg.AdvertiseAPIAddr(), caPEM, token); err != nil {
+		s.logger.Error("writing admin kubeconfig", "error", err)
+	} else {
+		s.logger.Info("wrote admin kubeconfig", "path", s.KubeconfigPath())
+	}
+	s.logger.Info("serving the Kubernetes API", "address", s.cfg.AdvertiseAPIAddr())
+	if err := api.Run(ctx); err != nil && ctx.Err() == nil {
+		s.logger.Error("API server stopped", "error", err)
+	}
+}
+
+// raftReady is the readiness check of the Raft read path: this peer knows a leader and has applied what it
+// committed.
+func (s *Server) raftReady(r *http.Request) error {
+	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+	defer cancel()
+	return s.node.LinearizableRead(ctx)
 }
 
 // WriteKubeconfig writes a kubeconfig for the admin user, atomically and readable by its owner only.

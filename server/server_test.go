@@ -249,8 +249,15 @@ func TestKubeconfigAndOperatorEndpoints(t *testing.T) {
 	if resp, _ := c.get(ctx, "/v1/operator/raft/peers"); resp != 401 {
 		t.Fatalf("wrong token got HTTP %d, want 401", resp)
 	}
-	if resp, _ := c.get(ctx, "/readyz"); resp != 200 {
-		t.Fatalf("readyz got HTTP %d", resp)
+	c.token = ""
+	rt.WaitFor(t, "anonymous readyz", 20*time.Second, func() error {
+		if resp, err := c.get(ctx, "/readyz"); resp != 200 {
+			return fmt.Errorf("HTTP %d %v", resp, err)
+		}
+		return nil
+	})
+	if resp, _ := c.get(ctx, "/api/v1/namespaces"); resp != 403 {
+		t.Fatalf("anonymous list of namespaces got HTTP %d, want 403", resp)
 	}
 }
 

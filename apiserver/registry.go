@@ -1,0 +1,238 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/registry/generic"
+	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
+	"k8s.io/apiserver/pkg/registry/rest"
+	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
+)
+
+// kind describes one served resource, once: everything the registry, the strategy, field selectors and
+// tables need.
+type kind struct {
+	gv          schema.GroupVersion
+	resource    string // plural, lower case
+	singular    string
+	namespaced  bool
+	newFunc     func() runtime.Object
+	newListFunc func() runtime.Object
+	shortNames  []string
+	categories  []string
+	hasStatus   bool // a status subresource that alone may change .status
+
+	defaults       func(obj runtime.Object) // applied on create and update
+	prepareCreate  func(obj runtime.Object) // after defaults, on create only
+	validate       func(obj runtime.Object) field.ErrorList
+	validateUpdate func(obj, old runtime.Object) field.ErrorList
+	fields         func(obj runtime.Object) fields.Set // field-selector attributes beyond metadata.name/namespace
+	fieldNames     []string                            // the names fields returns, for label conversion
+	columns        []column                            // table columns; NAME and AGE are added when nil
+	ttlSeconds     uint64                              // objects expire (events)
+}
+
+func obj[T any, PT interface {
+	*T
+	runtime.Object
+}]() func() runtime.Object {
+	return func() runtime.Object { return PT(new(T)) }
+}
+
+// kinds is the registry table.
+var kinds = []*kind{
+	// core/v1
+	{gv: corev1.SchemeGroupVersion, resource: "namespaces", singular: "namespace", newFunc: obj[corev1.Namespace](), newListFunc: obj[corev1.NamespaceList](),
+		shortNames: []string{"ns"}, hasStatus: true, defaults: defaultNamespace, fields: namespaceFields, fieldNames: []string{"status.phase"},
+		columns: []column{nameColumn, {name: "Status", typ: "string", value: namespaceStatus}, ageColumn}},
+	{gv: corev1.SchemeGroupVersion, resource: "pods", singular: "pod", namespaced: true, newFunc: obj[corev1.Pod](), newListFunc: obj[corev1.PodList](),
+		shortNames: []string{"po"}, categories: []string{"all"}, hasStatus: true, defaults: defaultPod, prepareCreate: preparePodCreate,
+		validate: validatePod, validateUpdate: validatePodUpdate, fields: podFields,
+		fieldNames: []string{"spec.nodeName", "status.phase", "spec.schedulerName", "spec.restartPolicy", "spec.serviceAccountName", "status.podIP", "status.nominatedNodeName"},
+		columns:    podColumns},
+	{gv: corev1.SchemeGroupVersion, resource: "services", singular: "service", namespaced: true, newFunc: obj[corev1.Service](), newListFunc: obj[corev1.ServiceList](),
+		shortNames: []string{"svc"}, categories: []string{"all"}, hasStatus: true, defaults: defaultService, columns: serviceColumns},
+	{gv: corev1.SchemeGroupVersion, resource: "endpoints", singular: "endpoints", namespaced: true, newFunc: obj[corev1.Endpoints](), newListFunc: obj[corev1.EndpointsList](),
+		shortNames: []string{"ep"}},
+	{gv: corev1.SchemeGroupVersion, resource: "configmaps", singular: "configmap", namespaced: true, newFunc: obj[corev1.ConfigMap](), newListFunc: obj[corev1.ConfigMapList](),
+		shortNames: []string{"cm"}, columns: []column{nameColumn, {name: "Data", typ: "integer", value: configMapData}, ageColumn}},
+	{gv: corev1.SchemeGroupVersion, resource: "secrets", singular: "secret", namespaced: true, newFunc: obj[corev1.Secret](), newListFunc: obj[corev1.SecretList](),
+		defaults: defaultSecret, fields: secretFields, fieldNames: []string{"type"},
+		columns: []column{nameColumn, {name: "Type", typ: "string", value: secretType}, {name: "Data", typ: "integer", value: secretData}, ageColumn}},
+	{gv: corev1.SchemeGroupVersion, resource: "serviceaccounts", singular: "serviceaccount", namespaced: true, newFunc: obj[corev1.ServiceAccount](), newListFunc: obj[corev1.ServiceAccountList](),
+		shortNames: []string{"sa"}},
+	{gv: corev1.SchemeGroupVersion, resource: "events", singular: "event", namespaced: true, newFunc: obj[corev1.Event](), newListFunc: obj[corev1.EventList](),
+		shortNames: []string{"ev"}, fields: eventFields, ttlSeconds: 3600,
+		fieldNames: []string{"involvedObject.kind", "involvedObject.namespace", "involvedObject.name", "involvedObject.uid", "involvedObject.apiVersion",
+			"involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"},
+		columns: eventColumns},
+	{gv: corev1.SchemeGroupVersion, resource: "nodes", singular: "node", newFunc: obj[corev1.Node](), newListFunc: obj[corev1.NodeList](),
+		shortNames: []string{"no"}, hasStatus: true, fields: nodeFields, fieldNames: []string{"spec.unschedulable"}, columns: nodeColumns},
+	{gv: corev1.SchemeGroupVersion, resource: "limitranges", singular: "limitrange", namespaced: true, newFunc: obj[corev1.LimitRange](), newListFunc: obj[corev1.LimitRangeList](),
+		shortNames: []string{"limits"}},
+	{gv: corev1.SchemeGroupVersion, resource: "resourcequotas", singular: "resourcequota", namespaced: true, newFunc: obj[corev1.ResourceQuota](), newListFunc: obj[corev1.ResourceQuotaList](),
+		shortNames: []string{"quota"}, hasStatus: true},
+	{gv: corev1.SchemeGroupVersion, resource: "persistentvolumeclaims", singular: "persistentvolumeclaim", namespaced: true, newFunc: obj[corev1.PersistentVolumeClaim](), newListFunc: obj[corev1.PersistentVolumeClaimList](),
+		shortNames: []string{"pvc"}, hasStatus: true},
+
+	// apps/v1
+	{gv: appsv1.SchemeGroupVersion, resource: "deployments", singular: "deployment", namespaced: true, newFunc: obj[appsv1.Deployment](), newListFunc: obj[appsv1.DeploymentList](),
+		shortNames: []string{"deploy"}, categories: []string{"all"}, hasStatus: true, defaults: defaultDeployment, validate: validateDeployment, columns: deploymentColumns},
+	{gv: appsv1.SchemeGroupVersion, resource: "replicasets", singular: "replicaset", namespaced: true, newFunc: obj[appsv1.ReplicaSet](), newListFunc: obj[appsv1.ReplicaSetList](),
+		shortNames: []string{"rs"}, categories: []string{"all"}, hasStatus: true, defaults: defaultReplicaSet, columns: replicaSetColumns},
+	{gv: appsv1.SchemeGroupVersion, resource: "statefulsets", singular: "statefulset", namespaced: true, newFunc: obj[appsv1.StatefulSet](), newListFunc: obj[appsv1.StatefulSetList](),
+		shortNames: []string{"sts"}, categories: []string{"all"}, hasStatus: true},
+	{gv: appsv1.SchemeGroupVersion, resource: "daemonsets", singular: "daemonset", namespaced: true, newFunc: obj[appsv1.DaemonSet](), newListFunc: obj[appsv1.DaemonSetList](),
+		shortNames: []string{"ds"}, categories: []string{"all"}, hasStatus: true},
+	{gv: appsv1.SchemeGroupVersion, resource: "controllerrevisions", singular: "controllerrevision", namespaced: true, newFunc: obj[appsv1.ControllerRevision](), newListFunc: obj[appsv1.ControllerRevisionList]()},
+
+	// batch/v1
+	{gv: batchv1.SchemeGroupVersion, resource: "jobs", singular: "job", namespaced: true, newFunc: obj[batchv1.Job](), newListFunc: obj[batchv1.JobList](),
+		categories: []string{"all"}, hasStatus: true},
+	{gv: batchv1.SchemeGroupVersion, resource: "cronjobs", singular: "cronjob", namespaced: true, newFunc: obj[batchv1.CronJob](), newListFunc: obj[batchv1.CronJobList](),
+		shortNames: []string{"cj"}, categories: []string{"all"}, hasStatus: true},
+
+	// discovery.k8s.io/v1
+	{gv: discoveryv1.SchemeGroupVersion, resource: "endpointslices", singular: "endpointslice", namespaced: true, newFunc: obj[discoveryv1.EndpointSlice](), newListFunc: obj[discoveryv1.EndpointSliceList]()},
+
+	// coordination.k8s.io/v1
+	{gv: coordinationv1.SchemeGroupVersion, resource: "leases", singular: "lease", namespaced: true, newFunc: obj[coordinationv1.Lease](), newListFunc: obj[coordinationv1.LeaseList](),
+		columns: []column{nameColumn, {name: "Holder", typ: "string", value: leaseHolder}, ageColumn}},
+
+	// rbac.authorization.k8s.io/v1: stored now, enforced by a later issue.
+	{gv: rbacv1.SchemeGroupVersion, resource: "roles", singular: "role", namespaced: true, newFunc: obj[rbacv1.Role](), newListFunc: obj[rbacv1.RoleList]()},
+	{gv: rbacv1.SchemeGroupVersion, resource: "rolebindings", singular: "rolebinding", namespaced: true, newFunc: obj[rbacv1.RoleBinding](), newListFunc: obj[rbacv1.RoleBindingList]()},
+	{gv: rbacv1.SchemeGroupVersion, resource: "clusterroles", singular: "clusterrole", newFunc: obj[rbacv1.ClusterRole](), newListFunc: obj[rbacv1.ClusterRoleList]()},
+	{gv: rbacv1.SchemeGroupVersion, resource: "clusterrolebindings", singular: "clusterrolebinding", newFunc: obj[rbacv1.ClusterRoleBinding](), newListFunc: obj[rbacv1.ClusterRoleBindingList]()},
+
+	// scheduling.k8s.io/v1
+	{gv: schedulingv1.SchemeGroupVersion, resource: "priorityclasses", singular: "priorityclass", newFunc: obj[schedulingv1.PriorityClass](), newListFunc: obj[schedulingv1.PriorityClassList](),
+		shortNames: []string{"pc"}},
+
+	// networking.k8s.io/v1
+	{gv: networkingv1.SchemeGroupVersion, resource: "ipaddresses", singular: "ipaddress", newFunc: obj[networkingv1.IPAddress](), newListFunc: obj[networkingv1.IPAddressList](),
+		shortNames: []string{"ip"}},
+}
+
+// registerFieldLabels tells the scheme which field selectors each kind accepts; any other is refused with 400.
+func registerFieldLabels() {
+	for _, k := range kinds {
+		k := k
+		gvk := k.gv.WithKind(kindName(k))
+		allowed := map[string]bool{"metadata.name": true}
+		if k.namespaced {
+			allowed["metadata.namespace"] = true
+		}
+		for _, f := range k.fieldNames {
+			allowed[f] = true
+		}
+		utilruntime.Must(Scheme.AddFieldLabelConversionFunc(gvk, func(label, value string) (string, string, error) {
+			if allowed[label] {
+				return label, value, nil
+			}
+			return "", "", fmt.Errorf("field label not supported: %s", label)
+		}))
+	}
+}
+
+// kindName is the Kind of a resource's objects, from the scheme.
+func kindName(k *kind) string {
+	gvks, _, err := Scheme.ObjectKinds(k.newFunc())
+	if err != nil {
+		panic(err)
+	}
+	for _, gvk := range gvks {
+		if gvk.GroupVersion() == k.gv {
+			return gvk.Kind
+		}
+	}
+	return gvks[0].Kind
+}
+
+// restStorage builds the registry store of a kind and, when it has one, of its status subresource.
+func (k *kind) restStorage(getter generic.RESTOptionsGetter) (rest.Storage, rest.Storage, error) {
+	st := newStrategy(k)
+	columns := k.columns
+	if columns == nil {
+		columns = []column{nameColumn, ageColumn}
+	}
+	gr := schema.GroupResource{Group: k.gv.Group, Resource: k.resource}
+	store := &genericregistry.Store{
+		NewFunc:                   k.newFunc,
+		NewListFunc:               k.newListFunc,
+		DefaultQualifiedResource:  gr,
+		SingularQualifiedResource: schema.GroupResource{Group: k.gv.Group, Resource: k.singular},
+		PredicateFunc:             k.predicate,
+		CreateStrategy:            st,
+		UpdateStrategy:            st,
+		DeleteStrategy:            st,
+		ResetFieldsStrategy:       st,
+		TableConvertor:            tableConvertor{columns: columns},
+	}
+	if k.ttlSeconds > 0 {
+		ttl := k.ttlSeconds
+		store.TTLFunc = func(runtime.Object, uint64, bool) (uint64, error) { return ttl, nil }
+	}
+	if err := store.CompleteWithOptions(&generic.StoreOptions{RESTOptions: getter, AttrFunc: k.attrFunc}); err != nil {
+		return nil, nil, fmt.Errorf("%s: %w", gr, err)
+	}
+	main := &resource{Store: store, k: k}
+	if !k.hasStatus {
+		return main, nil, nil
+	}
+	status := *store
+	status.CreateStrategy = nil
+	status.DeleteStrategy = nil
+	ss := statusStrategy{st}
+	status.UpdateStrategy = ss
+	status.ResetFieldsStrategy = ss
+	return main, &statusREST{store: &status}, nil
+}
+
+// resource adds short names and categories to the library's registry store.
+type resource struct {
+	*genericregistry.Store
+	k *kind
+}
+
+func (r *resource) ShortNames() []string { return r.k.shortNames }
+func (r *resource) Categories() []string { return r.k.categories }
+
+// statusREST is the status subresource: get, and update (or patch) of .status only.
+type statusREST struct{ store *genericregistry.Store }
+
+func (r *statusREST) New() runtime.Object { return r.store.New() }
+func (r *statusREST) Destroy()            {}
+
+func (r *statusREST) Get(ctx context.Context, name string, options *metav1.GetOptions) (runtime.Object, error) {
+	return r.store.Get(ctx, name, options)
+}
+
+func (r *statusREST) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc,
+	updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, options *metav1.UpdateOptions) (runtime.Object, bool, error) {
+	// Status updates never create the object.
+	return r.store.Update(ctx, name, objInfo, createValidation, updateValidation, false, options)
+}
+
+func (r *statusREST) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {
+	return r.store.GetResetFields()
+}
+
+func (r *statusREST) ConvertToTable(ctx context.Context, object runtime.Object, tableOptions runtime.Object) (*metav1.Table, error) {
+	return r.store.ConvertToTable(ctx, object, tableOptions)
+}

@@ -1,0 +1,74 @@
+package apiserver
+
+import (
+	"reflect"
+
+	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/runtime/serializer"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+)
+
+// Scheme holds every type the API serves. Codecs and ParameterCodec are built from it.
+var (
+	Scheme         = runtime.NewScheme()
+	Codecs         = serializer.NewCodecFactory(Scheme)
+	ParameterCodec = runtime.NewParameterCodec(Scheme)
+)
+
+// servedGroups are the API group versions and the functions that register their types.
+var servedGroups = []struct {
+	gv  schema.GroupVersion
+	add func(*runtime.Scheme) error
+}{
+	{corev1.SchemeGroupVersion, corev1.AddToScheme},
+	{appsv1.SchemeGroupVersion, appsv1.AddToScheme},
+	{batchv1.SchemeGroupVersion, batchv1.AddToScheme},
+	{discoveryv1.SchemeGroupVersion, discoveryv1.AddToScheme},
+	{coordinationv1.SchemeGroupVersion, coordinationv1.AddToScheme},
+	{eventsv1.SchemeGroupVersion, eventsv1.AddToScheme},
+	{rbacv1.SchemeGroupVersion, rbacv1.AddToScheme},
+	{schedulingv1.SchemeGroupVersion, schedulingv1.AddToScheme},
+	{networkingv1.SchemeGroupVersion, networkingv1.AddToScheme},
+	{policyv1.SchemeGroupVersion, policyv1.AddToScheme},
+	{autoscalingv1.SchemeGroupVersion, autoscalingv1.AddToScheme},
+	{authenticationv1.SchemeGroupVersion, authenticationv1.AddToScheme},
+}
+
+func init() {
+	metav1.AddToGroupVersion(Scheme, schema.GroupVersion{Version: "v1"})
+	unversioned := []runtime.Object{&metav1.Status{}, &metav1.APIVersions{}, &metav1.APIGroupList{}, &metav1.APIGroup{}, &metav1.APIResourceList{}}
+	Scheme.AddUnversionedTypes(schema.GroupVersion{Group: "", Version: "v1"}, unversioned...)
+	for _, g := range servedGroups {
+		utilruntime.Must(g.add(Scheme))
+		utilruntime.Must(Scheme.SetVersionPriority(g.gv))
+		registerAsInternal(g.gv)
+	}
+	registerFieldLabels()
+}
+
+// registerAsInternal registers each versioned type of gv also as the group's internal version. The API
+// machinery converts to the internal version and back; with the same Go type on both sides no conversion
+// functions are needed.
+func registerAsInternal(gv schema.GroupVersion) {
+	internal := schema.GroupVersion{Group: gv.Group, Version: runtime.APIVersionInternal}
+	for kind, typ := range Scheme.KnownTypes(gv) {
+		if Scheme.Recognizes(internal.WithKind(kind)) {
+			continue // metav1's options and watch event have internal types of their own
+		}
+		Scheme.AddKnownTypeWithName(internal.WithKind(kind), reflect.New(typ).Interface().(runtime.Object))
+	}
+}

@@ -1,0 +1,175 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/google/uuid"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/admission/plugin/namespace/lifecycle"
+	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
+	"k8s.io/apiserver/pkg/registry/rest"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/apiserver/pkg/server/healthz"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	certutil "k8s.io/client-go/util/cert"
+	basecompatibility "k8s.io/component-base/compatibility"
+
+	"github.com/skiff-dev/skiff/apiserver/openapi"
+	"github.com/skiff-dev/skiff/apiserver/raftstore"
+)
+
+// KubernetesVersion is the API version Skiff serves: that of the k8s.io/apiserver library it is built on.
+const KubernetesVersion = "1.37"
+
+// Config is what one peer's API server needs.
+type Config struct {
+	Backend    raftstore.Backend
+	Listener   net.Listener // the API port
+	CertPEM    []byte       // serving certificate, issued by the cluster CA
+	KeyPEM     []byte
+	AdminToken string
+	// Handlers are mounted beside the API (operator endpoints); they run behind authentication. A path ending
+	// in "/" is a prefix. A "/metrics" handler replaces the library's.
+	Handlers map[string]http.Handler
+	// ReadyzChecks join /readyz (the Raft read path, for instance).
+	ReadyzChecks []healthz.HealthChecker
+}
+
+// Server is a running Kubernetes API on one peer.
+type Server struct {
+	generic *genericapiserver.GenericAPIServer
+}
+
+// New builds the API server: the library's generic server with Skiff's scheme, registry, storage,
+// authentication, authorization and admission.
+func New(c Config) (*Server, error) {
+	cfg := genericapiserver.NewRecommendedConfig(Codecs)
+	cfg.EffectiveVersion = basecompatibility.NewEffectiveVersionFromString(KubernetesVersion, "", "")
+	namer := openapinamer.NewDefinitionNamer(Scheme)
+	cfg.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(openapi.GetOpenAPIDefinitions, namer)
+	cfg.OpenAPIConfig.Info.Title = "Skiff"
+	cfg.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(openapi.GetOpenAPIDefinitions, namer)
+	cfg.OpenAPIV3Config.Info.Title = "Skiff"
+
+	serving, err := dynamiccertificates.NewStaticCertKeyContent("serving-cert", c.CertPEM, c.KeyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("serving certificate: %w", err)
+	}
+	cfg.SecureServing = &genericapiserver.SecureServingInfo{Listener: c.Listener, Cert: serving}
+	// The loopback client (used by the library's own controllers and by admission informers) reaches this
+	// server under a name of its own, with a self-signed certificate and a per-process token.
+	loopbackCert, loopbackKey, err := certutil.GenerateSelfSignedCertKey(genericapiserver.LoopbackClientServerNameOverride, nil, nil)
+	if err != nil {
+		return nil, err
+	}
+	loopbackSNI, err := dynamiccertificates.NewStaticSNICertKeyContent("loopback", loopbackCert, loopbackKey, genericapiserver.LoopbackClientServerNameOverride)
+	if err != nil {
+		return nil, err
+	}
+	cfg.SecureServing.SNICerts = append(cfg.SecureServing.SNICerts, loopbackSNI)
+	if cfg.LoopbackClientConfig, err = cfg.SecureServing.NewLoopbackClientConfig(uuid.NewString(), loopbackCert); err != nil {
+		return nil, err
+	}
+	cfg.Authentication.Authenticator = requestAuthenticator(c.AdminToken)
+	cfg.Authorization.Authorizer = authenticatedAuthorizer
+	genericapiserver.AuthorizeClientBearerToken(cfg.LoopbackClientConfig, &cfg.Authentication, &cfg.Authorization)
+
+	client, err := kubernetes.NewForConfig(cfg.LoopbackClientConfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.SharedInformerFactory = informers.NewSharedInformerFactory(client, 0)
+	if cfg.AdmissionControl, err = admissionChain(client, cfg.SharedInformerFactory); err != nil {
+		return nil, err
+	}
+	cfg.RESTOptionsGetter = &restOptionsGetter{backend: c.Backend}
+	if _, ok := c.Handlers["/metrics"]; ok {
+		cfg.EnableMetrics = false
+	}
+	cfg.AddReadyzChecks(c.ReadyzChecks...)
+
+	generic, err := cfg.Complete().New("skiff-apiserver", genericapiserver.NewEmptyDelegate())
+	if err != nil {
+		return nil, err
+	}
+	if err := installAPIs(generic, cfg.RESTOptionsGetter.(*restOptionsGetter)); err != nil {
+		return nil, err
+	}
+	for path, h := range c.Handlers {
+		if strings.HasSuffix(path, "/") {
+			generic.Handler.NonGoRestfulMux.HandlePrefix(path, h)
+		} else {
+			generic.Handler.NonGoRestfulMux.Handle(path, h)
+		}
+	}
+	return &Server{generic: generic}, nil
+}
+
+// admissionChain runs the admission plugins of this issue: NamespaceLifecycle, from the library. Skiff's
+// defaulting runs in each kind's strategy. A later issue adds ServiceAccount, LimitRanger, quota and
+// PodSecurity here.
+func admissionChain(client kubernetes.Interface, factory informers.SharedInformerFactory) (admission.Interface, error) {
+	nl, err := lifecycle.NewLifecycle(sets.New(metav1.NamespaceDefault, metav1.NamespaceSystem, metav1.NamespacePublic))
+	if err != nil {
+		return nil, err
+	}
+	nl.SetExternalKubeInformerFactory(factory)
+	nl.SetExternalKubeClientSet(client)
+	if err := nl.ValidateInitialization(); err != nil {
+		return nil, err
+	}
+	return admission.NewChainHandler(nl), nil
+}
+
+// installAPIs installs every kind of the registry table, grouped by API group.
+func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter) error {
+	groups := map[string]*genericapiserver.APIGroupInfo{}
+	var order []string
+	for _, k := range kinds {
+		info, ok := groups[k.gv.Group]
+		if !ok {
+			g := genericapiserver.NewDefaultAPIGroupInfo(k.gv.Group, Scheme, ParameterCodec, Codecs)
+			info = &g
+			groups[k.gv.Group] = info
+			order = append(order, k.gv.Group)
+		}
+		if info.VersionedResourcesStorageMap[k.gv.Version] == nil {
+			info.VersionedResourcesStorageMap[k.gv.Version] = map[string]rest.Storage{}
+		}
+		main, status, err := k.restStorage(getter)
+		if err != nil {
+			return err
+		}
+		storage := info.VersionedResourcesStorageMap[k.gv.Version]
+		storage[k.resource] = main
+		if status != nil {
+			storage[k.resource+"/status"] = status
+		}
+	}
+	for _, group := range order {
+		info := groups[group]
+		if group == "" {
+			if err := s.InstallLegacyAPIGroup(genericapiserver.DefaultLegacyAPIPrefix, info); err != nil {
+				return fmt.Errorf("installing the core API: %w", err)
+			}
+			continue
+		}
+		if err := s.InstallAPIGroup(info); err != nil {
+			return fmt.Errorf("installing %s: %w", group, err)
+		}
+	}
+	return nil
+}
+
+// Run serves until ctx ends.
+func (s *Server) Run(ctx context.Context) error {
+	return s.generic.PrepareRun().RunWithContext(ctx)
+}

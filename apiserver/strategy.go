@@ -1,0 +1,161 @@
+package apiserver
+
+import (
+	"context"
+	"reflect"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/storage"
+	"k8s.io/apiserver/pkg/storage/names"
+	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
+)
+
+// strategy is the create, update and delete strategy of one kind, driven by its entry in the registry table.
+// Kinds with a status subresource get the Kubernetes rule: the main resource keeps the old status, and the
+// status subresource (statusStrategy) keeps everything but the status.
+type strategy struct {
+	runtime.ObjectTyper
+	names.NameGenerator
+	k *kind
+}
+
+func newStrategy(k *kind) strategy {
+	return strategy{ObjectTyper: Scheme, NameGenerator: names.SimpleNameGenerator, k: k}
+}
+
+func (s strategy) NamespaceScoped() bool { return s.k.namespaced }
+
+func (s strategy) PrepareForCreate(ctx context.Context, obj runtime.Object) {
+	if s.k.hasStatus {
+		resetStatus(obj)
+	}
+	if s.k.defaults != nil {
+		s.k.defaults(obj)
+	}
+	if s.k.prepareCreate != nil {
+		s.k.prepareCreate(obj)
+	}
+}
+
+func (s strategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object) {
+	if s.k.hasStatus {
+		copyField(obj, old, "Status")
+	}
+	if s.k.defaults != nil {
+		s.k.defaults(obj)
+	}
+}
+
+func (s strategy) Validate(ctx context.Context, obj runtime.Object) field.ErrorList {
+	errs := validateMeta(obj, s.k.namespaced)
+	if s.k.validate != nil {
+		errs = append(errs, s.k.validate(obj)...)
+	}
+	return errs
+}
+
+func (s strategy) ValidateUpdate(ctx context.Context, obj, old runtime.Object) field.ErrorList {
+	newMeta, _ := meta.Accessor(obj)
+	oldMeta, _ := meta.Accessor(old)
+	errs := apimachineryvalidation.ValidateObjectMetaAccessorUpdate(newMeta, oldMeta, field.NewPath("metadata"))
+	errs = append(errs, validateMeta(obj, s.k.namespaced)...)
+	if s.k.validate != nil {
+		errs = append(errs, s.k.validate(obj)...)
+	}
+	if s.k.validateUpdate != nil {
+		errs = append(errs, s.k.validateUpdate(obj, old)...)
+	}
+	return errs
+}
+
+func (s strategy) WarningsOnCreate(ctx context.Context, obj runtime.Object) []string      { return nil }
+func (s strategy) WarningsOnUpdate(ctx context.Context, obj, old runtime.Object) []string { return nil }
+func (s strategy) Canonicalize(obj runtime.Object)                                        {}
+func (s strategy) AllowCreateOnUpdate(ctx context.Context) bool                           { return false }
+func (s strategy) AllowUnconditionalUpdate(ctx context.Context) bool                      { return true }
+
+// GetResetFields tells server-side apply which fields this endpoint never changes.
+func (s strategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {
+	if !s.k.hasStatus {
+		return nil
+	}
+	return map[fieldpath.APIVersion]*fieldpath.Set{
+		fieldpath.APIVersion(s.k.gv.String()): fieldpath.NewSet(fieldpath.MakePathOrDie("status")),
+	}
+}
+
+// statusStrategy is the strategy of the status subresource.
+type statusStrategy struct{ strategy }
+
+func (s statusStrategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object) {
+	// Only the status changes: everything else is taken from the stored object.
+	status := reflect.ValueOf(obj).Elem().FieldByName("Status")
+	saved := reflect.New(status.Type()).Elem()
+	saved.Set(status)
+	reflect.ValueOf(obj).Elem().Set(reflect.ValueOf(old.DeepCopyObject()).Elem())
+	reflect.ValueOf(obj).Elem().FieldByName("Status").Set(saved)
+}
+
+func (s statusStrategy) ValidateUpdate(ctx context.Context, obj, old runtime.Object) field.ErrorList {
+	newMeta, _ := meta.Accessor(obj)
+	oldMeta, _ := meta.Accessor(old)
+	return apimachineryvalidation.ValidateObjectMetaAccessorUpdate(newMeta, oldMeta, field.NewPath("metadata"))
+}
+
+func (s statusStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {
+	return map[fieldpath.APIVersion]*fieldpath.Set{
+		fieldpath.APIVersion(s.k.gv.String()): fieldpath.NewSet(fieldpath.MakePathOrDie("spec"), fieldpath.MakePathOrDie("metadata")),
+	}
+}
+
+func resetStatus(obj runtime.Object) {
+	v := reflect.ValueOf(obj).Elem().FieldByName("Status")
+	if v.IsValid() && v.CanSet() {
+		v.Set(reflect.Zero(v.Type()))
+	}
+}
+
+func copyField(dst, src runtime.Object, name string) {
+	d := reflect.ValueOf(dst).Elem().FieldByName(name)
+	s := reflect.ValueOf(src).Elem().FieldByName(name)
+	if d.IsValid() && s.IsValid() && d.CanSet() {
+		d.Set(s)
+	}
+}
+
+func validateMeta(obj runtime.Object, namespaced bool) field.ErrorList {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return field.ErrorList{field.InternalError(field.NewPath("metadata"), err)}
+	}
+	return apimachineryvalidation.ValidateObjectMetaAccessor(m, namespaced, apimachineryvalidation.NameIsDNSSubdomain, field.NewPath("metadata"))
+}
+
+// attrFunc returns the labels and the fields a field selector may use: metadata.name and
+// metadata.namespace for every kind, plus the kind's own.
+func (k *kind) attrFunc(obj runtime.Object) (labels.Set, fields.Set, error) {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return nil, nil, err
+	}
+	fs := fields.Set{"metadata.name": m.GetName()}
+	if k.namespaced {
+		fs["metadata.namespace"] = m.GetNamespace()
+	}
+	if k.fields != nil {
+		for name, value := range k.fields(obj) {
+			fs[name] = value
+		}
+	}
+	return labels.Set(m.GetLabels()), fs, nil
+}
+
+// predicate builds the selection predicate the registry filters with.
+func (k *kind) predicate(label labels.Selector, fld fields.Selector) storage.SelectionPredicate {
+	return storage.SelectionPredicate{Label: label, Field: fld, GetAttrs: k.attrFunc}
+}
