@@ -45,6 +45,9 @@ type kind struct {
 	fieldNames     []string                            // the names fields returns, for label conversion
 	columns        []column                            // table columns; NAME and AGE are added when nil
 	ttlSeconds     uint64                              // objects expire (events)
+	// gracefulDelete decides the grace period of a delete (pods); nil deletes at once.
+	gracefulDelete func(obj runtime.Object, options *metav1.DeleteOptions) bool
+	subresources   []subresource // beyond status
 }
 
 func obj[T any, PT interface {
@@ -59,10 +62,11 @@ var kinds = []*kind{
 	// core/v1
 	{gv: corev1.SchemeGroupVersion, resource: "namespaces", singular: "namespace", newFunc: obj[corev1.Namespace](), newListFunc: obj[corev1.NamespaceList](),
 		shortNames: []string{"ns"}, hasStatus: true, defaults: defaultNamespace, fields: namespaceFields, fieldNames: []string{"status.phase"},
-		columns: []column{nameColumn, {name: "Status", typ: "string", value: namespaceStatus}, ageColumn}},
+		subresources: []subresource{{"finalize", func(s *genericregistry.Store) rest.Storage { return &finalizeREST{store: s} }}},
+		columns:      []column{nameColumn, {name: "Status", typ: "string", value: namespaceStatus}, ageColumn}},
 	{gv: corev1.SchemeGroupVersion, resource: "pods", singular: "pod", namespaced: true, newFunc: obj[corev1.Pod](), newListFunc: obj[corev1.PodList](),
 		shortNames: []string{"po"}, categories: []string{"all"}, hasStatus: true, defaults: defaultPod, prepareCreate: preparePodCreate,
-		validate: validatePod, validateUpdate: validatePodUpdate, fields: podFields,
+		validate: validatePod, validateUpdate: validatePodUpdate, fields: podFields, gracefulDelete: podGracefulDelete, subresources: podSubresources,
 		fieldNames: []string{"spec.nodeName", "status.phase", "spec.schedulerName", "spec.restartPolicy", "spec.serviceAccountName", "status.podIP", "status.nominatedNodeName"},
 		columns:    podColumns},
 	{gv: corev1.SchemeGroupVersion, resource: "services", singular: "service", namespaced: true, newFunc: obj[corev1.Service](), newListFunc: obj[corev1.ServiceList](),
@@ -92,11 +96,13 @@ var kinds = []*kind{
 
 	// apps/v1
 	{gv: appsv1.SchemeGroupVersion, resource: "deployments", singular: "deployment", namespaced: true, newFunc: obj[appsv1.Deployment](), newListFunc: obj[appsv1.DeploymentList](),
-		shortNames: []string{"deploy"}, categories: []string{"all"}, hasStatus: true, defaults: defaultDeployment, validate: validateDeployment, columns: deploymentColumns},
+		shortNames: []string{"deploy"}, categories: []string{"all"}, hasStatus: true, defaults: defaultDeployment, validate: validateDeployment, columns: deploymentColumns,
+		subresources: scaleSubresource(deploymentScale)},
 	{gv: appsv1.SchemeGroupVersion, resource: "replicasets", singular: "replicaset", namespaced: true, newFunc: obj[appsv1.ReplicaSet](), newListFunc: obj[appsv1.ReplicaSetList](),
-		shortNames: []string{"rs"}, categories: []string{"all"}, hasStatus: true, defaults: defaultReplicaSet, columns: replicaSetColumns},
+		shortNames: []string{"rs"}, categories: []string{"all"}, hasStatus: true, defaults: defaultReplicaSet, columns: replicaSetColumns,
+		subresources: scaleSubresource(replicaSetScale)},
 	{gv: appsv1.SchemeGroupVersion, resource: "statefulsets", singular: "statefulset", namespaced: true, newFunc: obj[appsv1.StatefulSet](), newListFunc: obj[appsv1.StatefulSetList](),
-		shortNames: []string{"sts"}, categories: []string{"all"}, hasStatus: true},
+		shortNames: []string{"sts"}, categories: []string{"all"}, hasStatus: true, subresources: scaleSubresource(statefulSetScale)},
 	{gv: appsv1.SchemeGroupVersion, resource: "daemonsets", singular: "daemonset", namespaced: true, newFunc: obj[appsv1.DaemonSet](), newListFunc: obj[appsv1.DaemonSetList](),
 		shortNames: []string{"ds"}, categories: []string{"all"}, hasStatus: true},
 	{gv: appsv1.SchemeGroupVersion, resource: "controllerrevisions", singular: "controllerrevision", namespaced: true, newFunc: obj[appsv1.ControllerRevision](), newListFunc: obj[appsv1.ControllerRevisionList]()},
@@ -164,8 +170,9 @@ func kindName(k *kind) string {
 	return gvks[0].Kind
 }
 
-// restStorage builds the registry store of a kind and, when it has one, of its status subresource.
-func (k *kind) restStorage(getter generic.RESTOptionsGetter) (rest.Storage, rest.Storage, error) {
+// restStorage builds the registry store of a kind and of its subresources, keyed by their path under the
+// resource ("pods", "pods/status", "pods/binding").
+func (k *kind) restStorage(getter generic.RESTOptionsGetter) (map[string]rest.Storage, error) {
 	st := newStrategy(k)
 	columns := k.columns
 	if columns == nil {
@@ -189,19 +196,26 @@ func (k *kind) restStorage(getter generic.RESTOptionsGetter) (rest.Storage, rest
 		store.TTLFunc = func(runtime.Object, uint64, bool) (uint64, error) { return ttl, nil }
 	}
 	if err := store.CompleteWithOptions(&generic.StoreOptions{RESTOptions: getter, AttrFunc: k.attrFunc}); err != nil {
-		return nil, nil, fmt.Errorf("%s: %w", gr, err)
+		return nil, fmt.Errorf("%s: %w", gr, err)
 	}
-	main := &resource{Store: store, k: k}
-	if !k.hasStatus {
-		return main, nil, nil
+	var main rest.Storage = &resource{Store: store, k: k}
+	if k.resource == "namespaces" {
+		main = &namespaceREST{&resource{Store: store, k: k}}
 	}
-	status := *store
-	status.CreateStrategy = nil
-	status.DeleteStrategy = nil
-	ss := statusStrategy{st}
-	status.UpdateStrategy = ss
-	status.ResetFieldsStrategy = ss
-	return main, &statusREST{store: &status}, nil
+	out := map[string]rest.Storage{k.resource: main}
+	if k.hasStatus {
+		status := *store
+		status.CreateStrategy = nil
+		status.DeleteStrategy = nil
+		ss := statusStrategy{st}
+		status.UpdateStrategy = ss
+		status.ResetFieldsStrategy = ss
+		out[k.resource+"/status"] = &statusREST{store: &status}
+	}
+	for _, sub := range k.subresources {
+		out[k.resource+"/"+sub.name] = sub.build(store)
+	}
+	return out, nil
 }
 
 // resource adds short names and categories to the library's registry store.

@@ -144,14 +144,12 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 		if info.VersionedResourcesStorageMap[k.gv.Version] == nil {
 			info.VersionedResourcesStorageMap[k.gv.Version] = map[string]rest.Storage{}
 		}
-		main, status, err := k.restStorage(getter)
+		paths, err := k.restStorage(getter)
 		if err != nil {
 			return err
 		}
-		storage := info.VersionedResourcesStorageMap[k.gv.Version]
-		storage[k.resource] = main
-		if status != nil {
-			storage[k.resource+"/status"] = status
+		for path, st := range paths {
+			info.VersionedResourcesStorageMap[k.gv.Version][path] = st
 		}
 	}
 	for _, group := range order {

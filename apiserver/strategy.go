@@ -6,6 +6,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/api/meta"
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -78,6 +79,15 @@ func (s strategy) WarningsOnUpdate(ctx context.Context, obj, old runtime.Object)
 func (s strategy) Canonicalize(obj runtime.Object)                                        {}
 func (s strategy) AllowCreateOnUpdate(ctx context.Context) bool                           { return false }
 func (s strategy) AllowUnconditionalUpdate(ctx context.Context) bool                      { return true }
+
+// CheckGracefulDelete gives kinds with a graceful-delete rule (pods) a grace period; others are deleted at
+// once.
+func (s strategy) CheckGracefulDelete(ctx context.Context, obj runtime.Object, options *metav1.DeleteOptions) bool {
+	if s.k.gracefulDelete == nil {
+		return false
+	}
+	return s.k.gracefulDelete(obj, options)
+}
 
 // GetResetFields tells server-side apply which fields this endpoint never changes.
 func (s strategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {

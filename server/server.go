@@ -98,6 +98,8 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 
 	s.node.OnLeadership("add-joined-servers", s.addJoinedServers)
 	s.node.OnLeadership("cluster-secrets", s.ensureClusterSecrets)
+	s.node.OnLeadership("system-objects", s.runSystemObjects)
+	s.node.OnLeadership("controllers", s.runControllers)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel

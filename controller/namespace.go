@@ -1,0 +1,146 @@
+package controller
+
+import (
+	"context"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// runNamespaceController empties terminating namespaces, then removes the "kubernetes" finalizer through the
+// finalize subresource, which lets the API server remove the namespace.
+//
+// For each namespace with a deletionTimestamp:
+//  1. list the namespaced resources the API serves (discovery);
+//  2. delete every object of each in the namespace (deletecollection);
+//  3. when none is left, finalize; otherwise requeue and look again shortly (pods with a grace period take
+//     that long to go).
+func runNamespaceController(ctx context.Context, c *Clients) {
+	informer := c.Informers.Core().V1().Namespaces().Informer()
+	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
+	defer queue.ShutDown()
+	enqueue := func(obj interface{}) {
+		if ns, ok := obj.(*corev1.Namespace); ok && ns.DeletionTimestamp != nil {
+			queue.Add(ns.Name)
+		}
+	}
+	informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    enqueue,
+		UpdateFunc: func(_, obj interface{}) { enqueue(obj) },
+	})
+	go func() {
+		<-ctx.Done()
+		queue.ShutDown()
+	}()
+	c.Informers.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+		return
+	}
+	for {
+		name, quit := queue.Get()
+		if quit {
+			return
+		}
+		done, err := syncNamespace(ctx, c, name)
+		switch {
+		case err != nil:
+			c.Logger.Warn("namespace cleanup failed, retrying", "namespace", name, "error", err)
+			queue.AddRateLimited(name)
+		case !done:
+			queue.AddAfter(name, time.Second)
+		default:
+			queue.Forget(name)
+		}
+		queue.Done(name)
+	}
+}
+
+func syncNamespace(ctx context.Context, c *Clients, name string) (bool, error) {
+	ns, err := c.Kube.CoreV1().Namespaces().Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return true, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	if ns.DeletionTimestamp == nil {
+		return true, nil
+	}
+	resources, err := namespacedResources(c)
+	if err != nil {
+		return false, err
+	}
+	remaining := 0
+	for _, gvr := range resources {
+		client := c.Dynamic.Resource(gvr).Namespace(name)
+		list, err := client.List(ctx, metav1.ListOptions{})
+		if err != nil {
+			if apierrors.IsNotFound(err) || apierrors.IsMethodNotSupported(err) {
+				continue
+			}
+			return false, err
+		}
+		if len(list.Items) == 0 {
+			continue
+		}
+		remaining += len(list.Items)
+		background := metav1.DeletePropagationBackground
+		if err := client.DeleteCollection(ctx, metav1.DeleteOptions{PropagationPolicy: &background}, metav1.ListOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return false, err
+		}
+	}
+	if remaining > 0 {
+		return false, nil
+	}
+	var keep []corev1.FinalizerName
+	for _, f := range ns.Spec.Finalizers {
+		if f != corev1.FinalizerKubernetes {
+			keep = append(keep, f)
+		}
+	}
+	ns.Spec.Finalizers = keep
+	if _, err := c.Kube.CoreV1().Namespaces().Finalize(ctx, ns, metav1.UpdateOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		return false, err
+	}
+	c.Logger.Info("namespace emptied and finalized", "namespace", name)
+	return true, nil
+}
+
+// namespacedResources lists the namespaced resources that support list and deletecollection.
+func namespacedResources(c *Clients) ([]schema.GroupVersionResource, error) {
+	lists, err := c.Discovery.ServerPreferredNamespacedResources()
+	if err != nil {
+		return nil, err
+	}
+	var out []schema.GroupVersionResource
+	for _, l := range lists {
+		gv, err := schema.ParseGroupVersion(l.GroupVersion)
+		if err != nil {
+			continue
+		}
+		for _, r := range l.APIResources {
+			if hasVerbs(r.Verbs, "list", "deletecollection") {
+				out = append(out, gv.WithResource(r.Name))
+			}
+		}
+	}
+	return out, nil
+}
+
+func hasVerbs(verbs metav1.Verbs, want ...string) bool {
+	for _, w := range want {
+		found := false
+		for _, v := range verbs {
+			found = found || v == w
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
