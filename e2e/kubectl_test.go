@@ -1,0 +1,205 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/skiff-dev/skiff/internal/proctest"
+)
+
+// kubectl runs the machine's kubectl, unmodified, against one server's admin kubeconfig.
+type kubectl struct {
+	t          *testing.T
+	kubeconfig string
+}
+
+func (k kubectl) run(args ...string) (string, error) {
+	// No kubectl call may hang the suite.
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "kubectl", append([]string{"--kubeconfig", k.kubeconfig}, args...)...)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
+
+// ok runs kubectl and fails the test on error.
+func (k kubectl) ok(args ...string) string {
+	k.t.Helper()
+	out, err := k.run(args...)
+	if err != nil {
+		k.t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// fails runs kubectl, expects an error, and returns the output.
+func (k kubectl) fails(args ...string) string {
+	k.t.Helper()
+	out, err := k.run(args...)
+	if err == nil {
+		k.t.Fatalf("kubectl %s succeeded, expected an error:\n%s", strings.Join(args, " "), out)
+	}
+	return out
+}
+
+func mustContain(t *testing.T, what, out string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(out, w) {
+			t.Fatalf("%s: output lacks %q:\n%s", what, w, out)
+		}
+	}
+}
+
+// TestKubectlAgainstThreeServers drives three `skiff server` processes with the stock kubectl, through the
+// admin kubeconfigs of different peers.
+func TestKubectlAgainstThreeServers(t *testing.T) {
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		t.Skip("kubectl not installed")
+	}
+	c := proctest.NewCluster(t, 3, "")
+	for _, p := range c.Procs {
+		c.Start(p)
+	}
+	var ks []kubectl
+	for _, p := range c.Procs {
+		k := kubectl{t: t, kubeconfig: p.Kubeconfig()}
+		proctest.WaitFor(t, p.Name+" to serve the API", 60*time.Second, func() error {
+			out, err := k.run("get", "namespace", "kube-system")
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
+		ks = append(ks, k)
+	}
+	k1, k2, k3 := ks[0], ks[1], ks[2]
+
+	// apply through one peer, read through another.
+	out := k1.ok("apply", "-f", "testdata/app.yaml")
+	mustContain(t, "first apply", out, "namespace/demo created", "deployment.apps/web created", "service/web created", "pod/bare created")
+	out = k2.ok("apply", "-f", "testdata/app.yaml")
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		if !strings.HasSuffix(line, "unchanged") {
+			t.Fatalf("second apply changed something: %q\n%s", line, out)
+		}
+	}
+	mustContain(t, "get -o wide", k2.ok("get", "pods", "-n", "demo", "-o", "wide"), "NAME", "READY", "STATUS", "NODE", "bare", "Pending")
+	var pod struct {
+		Metadata struct{ Name, ResourceVersion string }
+		Spec     struct{ RestartPolicy, SchedulerName string }
+		Status   struct{ Phase string }
+	}
+	if err := json.Unmarshal([]byte(k3.ok("get", "pod", "bare", "-n", "demo", "-o", "json")), &pod); err != nil {
+		t.Fatal(err)
+	}
+	if pod.Spec.RestartPolicy != "Always" || pod.Spec.SchedulerName != "default-scheduler" || pod.Status.Phase != "Pending" {
+		t.Fatalf("pod defaults or status wrong: %+v", pod)
+	}
+	mustContain(t, "get -o yaml", k3.ok("get", "deploy", "web", "-n", "demo", "-o", "yaml"), "kind: Deployment", "replicas: 2", "revisionHistoryLimit: 10")
+	mustContain(t, "label selector", k1.ok("get", "pods", "-n", "demo", "-l", "app=bare"), "bare")
+	mustContain(t, "field selector", k1.ok("get", "pods", "-A", "--field-selector", "spec.nodeName=,status.phase=Pending"), "demo", "bare")
+	mustContain(t, "unsupported field selector", k1.fails("get", "pods", "-A", "--field-selector", "spec.colour=blue"), "field label not supported")
+	mustContain(t, "get all", k2.ok("get", "all", "-n", "demo"), "pod/bare", "service/web", "deployment.apps/web")
+
+	// A watch through one peer sees a write made through another.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	watch := exec.CommandContext(ctx, "kubectl", "--kubeconfig", k3.kubeconfig, "get", "pods", "-n", "demo", "-w", "--output-watch-events")
+	stdout, err := watch.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := watch.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cancel(); watch.Wait() }()
+	seen := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), "watched") {
+				close(seen)
+				return
+			}
+		}
+	}()
+	time.Sleep(500 * time.Millisecond) // let the watch start; a late start still lists the pod as ADDED
+	k1.ok("run", "watched", "-n", "demo", "--image", "busybox:1.36", "--restart", "Never", "--", "true")
+	select {
+	case <-seen:
+	case <-ctx.Done():
+		t.Fatal("the watch through one peer did not see a pod created through another")
+	}
+
+	// Edits of every kind.
+	k1.ok("label", "pod", "bare", "-n", "demo", "tier=test")
+	k2.ok("annotate", "pod", "bare", "-n", "demo", "note=hello")
+	k3.ok("patch", "pod", "bare", "-n", "demo", "--type=merge", "-p", `{"metadata":{"labels":{"merge":"yes"}}}`)
+	k1.ok("patch", "pod", "bare", "-n", "demo", "--type=json", "-p", `[{"op":"add","path":"/metadata/labels/json","value":"yes"}]`)
+	k2.ok("patch", "deploy", "web", "-n", "demo", "-p", `{"spec":{"template":{"metadata":{"labels":{"strategic":"yes"}}}}}`)
+	mustContain(t, "labels after patches", k3.ok("get", "pod", "bare", "-n", "demo", "--show-labels"), "tier=test", "merge=yes", "json=yes")
+	editor := filepath.Join(t.TempDir(), "editor.sh")
+	os.WriteFile(editor, []byte("#!/bin/sh\nsed -i 's/key: value/key: edited/' \"$1\"\n"), 0o755)
+	edit := exec.Command("kubectl", "--kubeconfig", k1.kubeconfig, "edit", "configmap", "cfg", "-n", "demo")
+	edit.Env = append(os.Environ(), "KUBE_EDITOR="+editor)
+	if out, err := edit.CombinedOutput(); err != nil {
+		t.Fatalf("kubectl edit: %v\n%s", err, out)
+	}
+	mustContain(t, "edited configmap", k2.ok("get", "cm", "cfg", "-n", "demo", "-o", "jsonpath={.data.key}"), "edited")
+	k3.ok("scale", "deploy", "web", "-n", "demo", "--replicas=4")
+	mustContain(t, "scaled", k1.ok("get", "deploy", "web", "-n", "demo", "-o", "jsonpath={.spec.replicas}"), "4")
+	stale := filepath.Join(t.TempDir(), "stale.yaml")
+	os.WriteFile(stale, []byte(k1.ok("get", "cm", "cfg", "-n", "demo", "-o", "yaml")), 0o600)
+	k2.ok("label", "cm", "cfg", "-n", "demo", "bump=1")
+	mustContain(t, "replace with a stale object", k3.fails("replace", "-f", stale), "the object has been modified")
+
+	// apply of a changed file, server-side apply, diff.
+	changed := filepath.Join(t.TempDir(), "changed.yaml")
+	data, _ := os.ReadFile("testdata/app.yaml")
+	os.WriteFile(changed, []byte(strings.Replace(string(data), "key: value", "key: changed", 1)), 0o600)
+	mustContain(t, "diff of a changed file", k1.fails("diff", "-f", changed), "changed")
+	mustContain(t, "apply of a changed file", k1.ok("apply", "-f", changed), "configmap/cfg configured")
+	mustContain(t, "server-side apply", k2.ok("apply", "--server-side", "--force-conflicts", "-f", changed), "serverside-applied")
+	k3.ok("diff", "-f", changed) // no differences: exit status 0
+
+	// Bad input gets clear errors.
+	mustContain(t, "invalid pod", k1.fails("apply", "-f", "testdata/invalid.yaml"), "spec.containers[0].image", "Required value")
+	mustContain(t, "unknown field", k1.fails("apply", "-f", "testdata/unknown-field.yaml"), "unknown field", "colour")
+
+	// Events and describe.
+	// describe finds a pod's events by its UID, as the components that record them set it.
+	uid := k1.ok("get", "pod", "bare", "-n", "demo", "-o", "jsonpath={.metadata.uid}")
+	event, _ := os.ReadFile("testdata/event.yaml")
+	eventFile := filepath.Join(t.TempDir(), "event.yaml")
+	os.WriteFile(eventFile, []byte(strings.Replace(string(event), "  namespace: demo\nreason", "  namespace: demo\n  uid: "+uid+"\nreason", 1)), 0o600)
+	k2.ok("create", "-f", eventFile)
+	mustContain(t, "events by field selector", k3.ok("get", "events", "-n", "demo", "--field-selector", "involvedObject.name=bare"), "Testing", "pod/bare")
+	mustContain(t, "describe shows events", k1.ok("describe", "pod", "bare", "-n", "demo"), "Events:", "Testing")
+
+	// Discovery and generators.
+	mustContain(t, "explain", k1.ok("explain", "deployment.spec.replicas"), "replicas")
+	mustContain(t, "api-resources", k2.ok("api-resources"), "pods", "deployments", "leases", "endpointslices")
+	mustContain(t, "api-versions", k3.ok("api-versions"), "apps/v1", "batch/v1", "coordination.k8s.io/v1")
+	k1.ok("create", "deployment", "made", "-n", "demo", "--image", "busybox:1.36")
+	k2.ok("expose", "deployment", "made", "-n", "demo", "--port", "80")
+	mustContain(t, "exposed service", k3.ok("get", "svc", "made", "-n", "demo"), "made", "80/TCP")
+	mustContain(t, "leader lease", k1.ok("get", "lease", "-n", "kube-system", "skiff-leader"), "skiff-leader", "cp-")
+
+	// Deletion: a grace period on an unscheduled pod removes it at once; --force; --cascade.
+	k2.ok("delete", "pod", "watched", "-n", "demo", "--grace-period=30")
+	k3.ok("delete", "pod", "bare", "-n", "demo", "--force", "--grace-period=0")
+	// Background cascading; foreground and orphan wait for the garbage collector, a later issue.
+	k1.ok("delete", "deploy", "made", "-n", "demo", "--cascade=background")
+	mustContain(t, "pods gone", k2.ok("get", "pods", "-n", "demo"), "No resources found")
+	k1.ok("delete", "namespace", "demo", "--wait=true", "--timeout=60s")
+	mustContain(t, "namespace gone", k2.fails("get", "namespace", "demo"), "NotFound")
+}
