@@ -37,8 +37,9 @@ type kind struct {
 	categories  []string
 	hasStatus   bool // a status subresource that alone may change .status
 
-	defaults       func(obj runtime.Object) // applied on create and update
-	prepareCreate  func(obj runtime.Object) // after defaults, on create only
+	defaults       func(obj runtime.Object)      // applied on create and update
+	prepareCreate  func(obj runtime.Object)      // after defaults, on create only
+	prepareUpdate  func(obj, old runtime.Object) // after defaults, on update only
 	validate       func(obj runtime.Object) field.ErrorList
 	validateUpdate func(obj, old runtime.Object) field.ErrorList
 	fields         func(obj runtime.Object) fields.Set // field-selector attributes beyond metadata.name/namespace
@@ -70,7 +71,8 @@ var kinds = []*kind{
 		fieldNames: []string{"spec.nodeName", "status.phase", "spec.schedulerName", "spec.restartPolicy", "spec.serviceAccountName", "status.podIP", "status.nominatedNodeName"},
 		columns:    podColumns},
 	{gv: corev1.SchemeGroupVersion, resource: "services", singular: "service", namespaced: true, newFunc: obj[corev1.Service](), newListFunc: obj[corev1.ServiceList](),
-		shortNames: []string{"svc"}, categories: []string{"all"}, hasStatus: true, defaults: defaultService, columns: serviceColumns},
+		shortNames: []string{"svc"}, categories: []string{"all"}, hasStatus: true, defaults: defaultService, columns: serviceColumns,
+		prepareUpdate: prepareServiceUpdate, validateUpdate: validateServiceUpdate},
 	{gv: corev1.SchemeGroupVersion, resource: "endpoints", singular: "endpoints", namespaced: true, newFunc: obj[corev1.Endpoints](), newListFunc: obj[corev1.EndpointsList](),
 		shortNames: []string{"ep"}},
 	{gv: corev1.SchemeGroupVersion, resource: "configmaps", singular: "configmap", namespaced: true, newFunc: obj[corev1.ConfigMap](), newListFunc: obj[corev1.ConfigMapList](),

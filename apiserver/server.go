@@ -41,6 +41,8 @@ type Config struct {
 	Handlers map[string]http.Handler
 	// ReadyzChecks join /readyz (the Raft read path, for instance).
 	ReadyzChecks []healthz.HealthChecker
+	// ServiceCIDR is where ClusterIPs come from; DefaultServiceCIDR when empty.
+	ServiceCIDR string
 }
 
 // Server is a running Kubernetes API on one peer.
@@ -100,7 +102,14 @@ func New(c Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := installAPIs(generic, cfg.RESTOptionsGetter.(*restOptionsGetter)); err != nil {
+	if c.ServiceCIDR == "" {
+		c.ServiceCIDR = DefaultServiceCIDR
+	}
+	_, cidr, err := net.ParseCIDR(c.ServiceCIDR)
+	if err != nil || cidr.IP.To4() == nil {
+		return nil, fmt.Errorf("service CIDR %q must be an IPv4 CIDR", c.ServiceCIDR)
+	}
+	if err := installAPIs(generic, cfg.RESTOptionsGetter.(*restOptionsGetter), cidr); err != nil {
 		return nil, err
 	}
 	for path, h := range c.Handlers {
@@ -130,9 +139,10 @@ func admissionChain(client kubernetes.Interface, factory informers.SharedInforme
 }
 
 // installAPIs installs every kind of the registry table, grouped by API group.
-func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter) error {
+func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR *net.IPNet) error {
 	groups := map[string]*genericapiserver.APIGroupInfo{}
 	var order []string
+	stores := map[string]*resource{}
 	for _, k := range kinds {
 		info, ok := groups[k.gv.Group]
 		if !ok {
@@ -151,6 +161,13 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 		for path, st := range paths {
 			info.VersionedResourcesStorageMap[k.gv.Version][path] = st
 		}
+		if r, ok := paths[k.resource].(*resource); ok {
+			stores[k.resource] = r
+		}
+	}
+	// Services allocate their ClusterIPs as IPAddress objects.
+	groups[""].VersionedResourcesStorageMap["v1"]["services"] = &serviceREST{
+		resource: stores["services"], ips: stores["ipaddresses"].Store, cidr: serviceCIDR, backend: getter.backend,
 	}
 	for _, group := range order {
 		info := groups[group]

@@ -50,6 +50,9 @@ func (s strategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object)
 	if s.k.defaults != nil {
 		s.k.defaults(obj)
 	}
+	if s.k.prepareUpdate != nil {
+		s.k.prepareUpdate(obj, old)
+	}
 }
 
 func (s strategy) Validate(ctx context.Context, obj runtime.Object) field.ErrorList {

@@ -37,6 +37,7 @@ type ServerBlock struct {
 	BootstrapExpect *int       `hcl:"bootstrap_expect,optional"`
 	RetryJoin       []string   `hcl:"retry_join,optional"`
 	RetryInterval   *string    `hcl:"retry_interval,optional"`
+	ServiceCIDR     *string    `hcl:"service_cidr,optional"`
 	Raft            *RaftBlock `hcl:"raft,block"`
 	WatchHistory    *HistBlock `hcl:"watch_history,block"`
 }
@@ -72,6 +73,7 @@ type Server struct {
 	BootstrapExpect int
 	RetryJoin       []string // host:port of gossip members
 	RetryInterval   time.Duration
+	ServiceCIDR     string // ClusterIPs come from here
 
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
@@ -108,7 +110,7 @@ func DefaultServerFile() *ServerFile {
 		LogJSON:  ptr(false),
 		Ports:    &PortsBlock{API: ptr(6443), Raft: ptr(6444), Gossip: ptr(7946)},
 		Server: &ServerBlock{
-			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"),
+			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"),
 			Raft: &RaftBlock{
 				HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms"),
 				SnapshotThreshold: ptr(8192), SnapshotInterval: ptr("30s"), TrailingLogs: ptr(10240),
@@ -194,6 +196,12 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 			errs.add(src, "ports."+p.key, fmt.Sprintf("port %d is already used by ports.%s", p.port, other))
 		}
 		seen[p.port] = p.key
+	}
+	s.ServiceCIDR = *f.Server.ServiceCIDR
+	if ip, cidr, err := net.ParseCIDR(s.ServiceCIDR); err != nil || ip.To4() == nil {
+		errs.add(src, "server.service_cidr", fmt.Sprintf("%q is not an IPv4 CIDR such as \"10.96.0.0/16\"", s.ServiceCIDR))
+	} else if ones, _ := cidr.Mask.Size(); ones > 28 {
+		errs.add(src, "server.service_cidr", fmt.Sprintf("%q is too small; use a prefix of /28 or shorter", s.ServiceCIDR))
 	}
 	if s.BootstrapExpect < 1 {
 		errs.add(src, "server.bootstrap_expect", fmt.Sprintf("must be at least 1, got %d", s.BootstrapExpect))

@@ -83,6 +83,7 @@ func TestServerErrorsNameFileLineAndKey(t *testing.T) {
 		{"bad bind_addr", "bind_addr = \"localhost\"\n", ":1: bind_addr: \"localhost\" is not an IP address"},
 		{"bad log level", "log_level = \"loud\"\n", ":1: log_level:"},
 		{"syntax error", "name = \n", ":1"},
+		{"bad service_cidr", "server {\n  service_cidr = \"10.96.0.0\"\n}\n", ":2: server.service_cidr: \"10.96.0.0\" is not an IPv4 CIDR"},
 		{"bad retry_join", "server {\n  retry_join = [\"a:b:c\"]\n}\n", ":2: server.retry_join: entry 0"},
 	}
 	for _, tc := range cases {

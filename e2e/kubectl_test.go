@@ -191,7 +191,12 @@ func TestKubectlAgainstThreeServers(t *testing.T) {
 	mustContain(t, "api-versions", k3.ok("api-versions"), "apps/v1", "batch/v1", "coordination.k8s.io/v1")
 	k1.ok("create", "deployment", "made", "-n", "demo", "--image", "busybox:1.36")
 	k2.ok("expose", "deployment", "made", "-n", "demo", "--port", "80")
-	mustContain(t, "exposed service", k3.ok("get", "svc", "made", "-n", "demo"), "made", "80/TCP")
+	mustContain(t, "exposed service", k3.ok("get", "svc", "made", "-n", "demo"), "made", "80/TCP", "10.96.")
+	ip := k1.ok("get", "svc", "made", "-n", "demo", "-o", "jsonpath={.spec.clusterIP}")
+	mustContain(t, "a taken ClusterIP", k2.fails("create", "service", "clusterip", "dup", "-n", "demo", "--tcp=80", "--clusterip="+ip),
+		"spec.clusterIPs[0]", "provided IP is already allocated")
+	mustContain(t, "an out-of-range ClusterIP", k3.fails("create", "service", "clusterip", "far", "-n", "demo", "--tcp=80", "--clusterip=192.168.1.1"),
+		"not in the valid range")
 	mustContain(t, "leader lease", k1.ok("get", "lease", "-n", "kube-system", "skiff-leader"), "skiff-leader", "cp-")
 
 	// Deletion: a grace period on an unscheduled pod removes it at once; --force; --cascade.

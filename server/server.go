@@ -198,6 +198,7 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		Backend: s.node, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM, AdminToken: token,
 		Handlers:     map[string]http.Handler{"/v1/operator/": s.operatorRoutes(), "/metrics": s.metricsHandler()},
 		ReadyzChecks: []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
+		ServiceCIDR:  s.cfg.ServiceCIDR,
 	})
 	if err != nil {
 		ln.Close()

@@ -302,7 +302,7 @@ func (s *Store) Delete(ctx context.Context, key string, out runtime.Object, prec
 	}
 	for {
 		checkErr := preconditions.Check(key, orig.obj)
-		if checkErr == nil {
+		if checkErr == nil && validateDeletion != nil {
 			checkErr = validateDeletion(ctx, orig.obj)
 		}
 		if checkErr != nil {

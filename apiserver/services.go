@@ -1,0 +1,253 @@
+package apiserver
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
+	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
+	"k8s.io/apiserver/pkg/registry/rest"
+
+	"github.com/skiff-dev/skiff/apiserver/raftstore"
+	"github.com/skiff-dev/skiff/fsm"
+)
+
+// Service addresses are allocated when a Service is created, safely across peers and leader changes:
+//   - a ClusterIP is held by an IPAddress object named after the address (networking.k8s.io/v1, the design
+//     of recent Kubernetes): creating it fails if another Service holds the address;
+//   - a NodePort is held by a store key created with the store's Create, which fails the same way.
+// Both are released when the Service is deleted, or when its creation fails.
+
+const (
+	nodePortMin    = 30000
+	nodePortMax    = 32767
+	nodePortPrefix = storagePrefix + "/skiff/nodeports/"
+)
+
+// DefaultServiceCIDR is where ClusterIPs come from unless service_cidr says otherwise.
+const DefaultServiceCIDR = "10.96.0.0/16"
+
+type serviceREST struct {
+	*resource
+	ips     *genericregistry.Store
+	cidr    *net.IPNet
+	backend raftstore.Backend
+}
+
+// allocation is what one Service holds, so a failed create can give it back.
+type allocation struct {
+	ip    string
+	ports []int32
+}
+
+func (r *serviceREST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
+	svc := obj.(*corev1.Service)
+	if options != nil && len(options.DryRun) > 0 {
+		return r.resource.Create(ctx, obj, createValidation, options)
+	}
+	alloc, err := r.allocate(ctx, svc)
+	if err != nil {
+		return nil, err
+	}
+	out, err := r.resource.Create(ctx, obj, createValidation, options)
+	if err != nil {
+		r.release(ctx, alloc)
+	}
+	return out, err
+}
+
+func (r *serviceREST) Delete(ctx context.Context, name string, deleteValidation rest.ValidateObjectFunc, options *metav1.DeleteOptions) (runtime.Object, bool, error) {
+	// The store answers a delete with a Status, not the object: read what the Service holds first. Its
+	// ClusterIP cannot change, so the read cannot go stale in a way that matters.
+	existing, err := r.resource.Get(ctx, name, &metav1.GetOptions{})
+	if err != nil {
+		return nil, false, err
+	}
+	out, immediate, err := r.resource.Delete(ctx, name, deleteValidation, options)
+	if err == nil && (options == nil || len(options.DryRun) == 0) {
+		r.release(ctx, allocationOf(existing.(*corev1.Service)))
+	}
+	return out, immediate, err
+}
+
+func allocationOf(svc *corev1.Service) allocation {
+	a := allocation{}
+	if ip := svc.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
+		a.ip = ip
+	}
+	for _, p := range svc.Spec.Ports {
+		if p.NodePort != 0 {
+			a.ports = append(a.ports, p.NodePort)
+		}
+	}
+	return a
+}
+
+func (r *serviceREST) allocate(ctx context.Context, svc *corev1.Service) (allocation, error) {
+	var a allocation
+	invalid := func(path *field.Path, value interface{}, msg string) error {
+		return apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Service").GroupKind(), svc.Name, field.ErrorList{field.Invalid(path, value, msg)})
+	}
+	if svc.Spec.Type != corev1.ServiceTypeExternalName && svc.Spec.ClusterIP != corev1.ClusterIPNone {
+		ipPath := field.NewPath("spec", "clusterIPs").Index(0)
+		if svc.Spec.ClusterIP != "" {
+			ip := net.ParseIP(svc.Spec.ClusterIP)
+			if ip == nil || !r.cidr.Contains(ip) {
+				return a, invalid(ipPath, svc.Spec.ClusterIP, fmt.Sprintf("failed to allocate IP %s: the provided IP (%s) is not in the valid range. The range of valid IPs is %s", svc.Spec.ClusterIP, svc.Spec.ClusterIP, r.cidr))
+			}
+			if err := r.claimIP(ctx, ip.String(), svc); err != nil {
+				if apierrors.IsAlreadyExists(err) {
+					return a, invalid(ipPath, svc.Spec.ClusterIP, fmt.Sprintf("failed to allocate IP %s: provided IP is already allocated", svc.Spec.ClusterIP))
+				}
+				return a, err
+			}
+			a.ip = ip.String()
+		} else {
+			ip, err := r.allocateIP(ctx, svc)
+			if err != nil {
+				return a, err
+			}
+			a.ip = ip
+		}
+		svc.Spec.ClusterIP = a.ip
+		svc.Spec.ClusterIPs = []string{a.ip}
+		single := corev1.IPFamilyPolicySingleStack
+		svc.Spec.IPFamilyPolicy = &single
+		svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol}
+	}
+	if svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for i := range svc.Spec.Ports {
+			p := &svc.Spec.Ports[i]
+			path := field.NewPath("spec", "ports").Index(i).Child("nodePort")
+			if p.NodePort != 0 {
+				if p.NodePort < nodePortMin || p.NodePort > nodePortMax {
+					r.release(ctx, a)
+					return allocation{}, invalid(path, p.NodePort, fmt.Sprintf("provided port is not in the valid range. The range of valid ports is %d-%d", nodePortMin, nodePortMax))
+				}
+				if err := r.claimPort(ctx, p.NodePort, svc); err != nil {
+					r.release(ctx, a)
+					if errors.Is(err, fsm.ErrAlreadyExists) {
+						return allocation{}, invalid(path, p.NodePort, "provided port is already allocated")
+					}
+					return allocation{}, err
+				}
+			} else {
+				port, err := r.allocatePort(ctx, svc)
+				if err != nil {
+					r.release(ctx, a)
+					return allocation{}, err
+				}
+				p.NodePort = port
+			}
+			a.ports = append(a.ports, p.NodePort)
+		}
+	}
+	return a, nil
+}
+
+// allocateIP claims a free address, trying from a random offset so that concurrent creates rarely collide.
+// The network address, the broadcast address and the first host address (the kubernetes Service's, by
+// convention) are never handed out.
+func (r *serviceREST) allocateIP(ctx context.Context, svc *corev1.Service) (string, error) {
+	base := binary.BigEndian.Uint32(r.cidr.IP.To4())
+	ones, bits := r.cidr.Mask.Size()
+	size := uint32(1) << uint(bits-ones)
+	if size < 4 {
+		return "", apierrors.NewInternalError(fmt.Errorf("service CIDR %s is too small", r.cidr))
+	}
+	usable := size - 3 // skip .0, .1 and broadcast
+	start := rand.Uint32N(usable)
+	for i := uint32(0); i < usable; i++ {
+		offset := 2 + (start+i)%usable
+		ip := make(net.IP, 4)
+		binary.BigEndian.PutUint32(ip, base+offset)
+		err := r.claimIP(ctx, ip.String(), svc)
+		if err == nil {
+			return ip.String(), nil
+		}
+		if !apierrors.IsAlreadyExists(err) {
+			return "", err
+		}
+	}
+	return "", apierrors.NewInternalError(fmt.Errorf("no ClusterIP is free in %s", r.cidr))
+}
+
+func (r *serviceREST) claimIP(ctx context.Context, ip string, svc *corev1.Service) error {
+	obj := &networkingv1.IPAddress{
+		ObjectMeta: metav1.ObjectMeta{Name: ip, Labels: map[string]string{"ipaddress.kubernetes.io/managed-by": "skiff-apiserver"}},
+		Spec: networkingv1.IPAddressSpec{ParentRef: &networkingv1.ParentReference{
+			Group: "", Resource: "services", Namespace: svc.Namespace, Name: svc.Name,
+		}},
+	}
+	_, err := r.ips.Create(genericapirequest.WithNamespace(ctx, ""), obj, nil, &metav1.CreateOptions{})
+	return err
+}
+
+func (r *serviceREST) allocatePort(ctx context.Context, svc *corev1.Service) (int32, error) {
+	span := int32(nodePortMax - nodePortMin + 1)
+	start := rand.Int32N(span)
+	for i := int32(0); i < span; i++ {
+		port := nodePortMin + (start+i)%span
+		err := r.claimPort(ctx, port, svc)
+		if err == nil {
+			return port, nil
+		}
+		if !errors.Is(err, fsm.ErrAlreadyExists) {
+			return 0, err
+		}
+	}
+	return 0, apierrors.NewInternalError(errors.New("no NodePort is free"))
+}
+
+func (r *serviceREST) claimPort(ctx context.Context, port int32, svc *corev1.Service) error {
+	res, err := r.backend.Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: nodePortPrefix + strconv.Itoa(int(port)), Value: []byte(svc.Namespace + "/" + svc.Name)})
+	if err != nil {
+		return err
+	}
+	return res.Err()
+}
+
+func (r *serviceREST) release(ctx context.Context, a allocation) {
+	if a.ip != "" {
+		r.ips.Delete(genericapirequest.WithNamespace(ctx, ""), a.ip, rest.ValidateAllObjectFunc, &metav1.DeleteOptions{})
+	}
+	for _, p := range a.ports {
+		r.backend.Apply(ctx, &fsm.Command{Type: fsm.CmdDelete, Key: nodePortPrefix + strconv.Itoa(int(p))})
+	}
+}
+
+// validateServiceUpdate keeps allocated addresses: a ClusterIP cannot change once set.
+func validateServiceUpdate(o, old runtime.Object) field.ErrorList {
+	svc, oldSvc := o.(*corev1.Service), old.(*corev1.Service)
+	if oldSvc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != oldSvc.Spec.ClusterIP {
+		return field.ErrorList{field.Invalid(field.NewPath("spec", "clusterIPs").Index(0), svc.Spec.ClusterIP, "may not change once set")}
+	}
+	return nil
+}
+
+// prepareServiceUpdate carries the allocated addresses over when an update (an apply, say) leaves them out.
+func prepareServiceUpdate(o, old runtime.Object) {
+	svc, oldSvc := o.(*corev1.Service), old.(*corev1.Service)
+	if svc.Spec.ClusterIP == "" {
+		svc.Spec.ClusterIP = oldSvc.Spec.ClusterIP
+		svc.Spec.ClusterIPs = oldSvc.Spec.ClusterIPs
+		svc.Spec.IPFamilies = oldSvc.Spec.IPFamilies
+		svc.Spec.IPFamilyPolicy = oldSvc.Spec.IPFamilyPolicy
+	}
+	for i := range svc.Spec.Ports {
+		if svc.Spec.Ports[i].NodePort == 0 && i < len(oldSvc.Spec.Ports) && oldSvc.Spec.Ports[i].Port == svc.Spec.Ports[i].Port {
+			svc.Spec.Ports[i].NodePort = oldSvc.Spec.Ports[i].NodePort
+		}
+	}
+}
