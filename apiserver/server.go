@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -102,6 +103,9 @@ func New(c Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Open watches (the server's own informers among them) would hold a graceful shutdown for the library's
+	// default minute; clients reconnect to another peer anyway.
+	generic.ShutdownTimeout = 3 * time.Second
 	if c.ServiceCIDR == "" {
 		c.ServiceCIDR = DefaultServiceCIDR
 	}
