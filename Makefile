@@ -28,12 +28,14 @@ test: setup build lint
 smoke:
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Write' -benchtime 300x -timeout 10m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Failover' -benchtime 2x -timeout 10m ./bench/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'API' -benchtime 200x -timeout 10m ./bench/ -args -api.list-pods=300 -api.watchers=30
 
 # Full benchmarks; docs/BENCHMARKS.md records their figures and these commands.
 bench: setup build
 	$(GO) test -count=1 -run '^$$' -bench . -benchmem -timeout 30m ./fsm/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Write' -benchtime 20000x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Failover' -benchtime 20x -timeout 30m ./bench/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'API' -benchtime 10000x -timeout 30m ./bench/
 
 # Longer fault suites: many chaos rounds and many randomized bootstrap start orders.
 chaos: setup build
