@@ -3,6 +3,7 @@ package apiserver
 import (
 	"context"
 	"fmt"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -195,6 +196,9 @@ func (k *kind) restStorage(getter generic.RESTOptionsGetter) (map[string]rest.St
 	}
 	if k.ttlSeconds > 0 {
 		ttl := k.ttlSeconds
+		if g, ok := getter.(*restOptionsGetter); ok && g.eventTTL > 0 {
+			ttl = uint64(g.eventTTL / time.Second)
+		}
 		store.TTLFunc = func(runtime.Object, uint64, bool) (uint64, error) { return ttl, nil }
 	}
 	if err := store.CompleteWithOptions(&generic.StoreOptions{RESTOptions: getter, AttrFunc: k.attrFunc}); err != nil {

@@ -44,6 +44,8 @@ type Config struct {
 	ReadyzChecks []healthz.HealthChecker
 	// ServiceCIDR is where ClusterIPs come from; DefaultServiceCIDR when empty.
 	ServiceCIDR string
+	// EventTTL is how long Events live; one hour when zero.
+	EventTTL time.Duration
 }
 
 // Server is a running Kubernetes API on one peer.
@@ -113,7 +115,9 @@ func New(c Config) (*Server, error) {
 	if err != nil || cidr.IP.To4() == nil {
 		return nil, fmt.Errorf("service CIDR %q must be an IPv4 CIDR", c.ServiceCIDR)
 	}
-	if err := installAPIs(generic, cfg.RESTOptionsGetter.(*restOptionsGetter), cidr); err != nil {
+	getter := cfg.RESTOptionsGetter.(*restOptionsGetter)
+	getter.eventTTL = c.EventTTL
+	if err := installAPIs(generic, getter, cidr); err != nil {
 		return nil, err
 	}
 	for path, h := range c.Handlers {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -43,7 +44,8 @@ func (raftStatusClient) Status(context.Context, string) (*clientv3.StatusRespons
 // restOptionsGetter hands the generic registry its storage: protobuf-encoded objects in the Raft store, under
 // the library's watch cache.
 type restOptionsGetter struct {
-	backend raftstore.Backend
+	backend  raftstore.Backend
+	eventTTL time.Duration // zero: the kind's default
 }
 
 func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, example runtime.Object) (generic.RESTOptions, error) {

@@ -38,6 +38,7 @@ type ServerBlock struct {
 	RetryJoin       []string   `hcl:"retry_join,optional"`
 	RetryInterval   *string    `hcl:"retry_interval,optional"`
 	ServiceCIDR     *string    `hcl:"service_cidr,optional"`
+	EventTTL        *string    `hcl:"event_ttl,optional"`
 	Raft            *RaftBlock `hcl:"raft,block"`
 	WatchHistory    *HistBlock `hcl:"watch_history,block"`
 }
@@ -74,6 +75,7 @@ type Server struct {
 	RetryJoin       []string // host:port of gossip members
 	RetryInterval   time.Duration
 	ServiceCIDR     string // ClusterIPs come from here
+	EventTTL        time.Duration
 
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
@@ -110,7 +112,7 @@ func DefaultServerFile() *ServerFile {
 		LogJSON:  ptr(false),
 		Ports:    &PortsBlock{API: ptr(6443), Raft: ptr(6444), Gossip: ptr(7946)},
 		Server: &ServerBlock{
-			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"),
+			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"), EventTTL: ptr("1h"),
 			Raft: &RaftBlock{
 				HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms"),
 				SnapshotThreshold: ptr(8192), SnapshotInterval: ptr("30s"), TrailingLogs: ptr(10240),
@@ -223,6 +225,7 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 		out *time.Duration
 	}{
 		{"server.retry_interval", f.Server.RetryInterval, &s.RetryInterval},
+		{"server.event_ttl", f.Server.EventTTL, &s.EventTTL},
 		{"server.raft.heartbeat_timeout", f.Server.Raft.HeartbeatTimeout, &s.HeartbeatTimeout},
 		{"server.raft.election_timeout", f.Server.Raft.ElectionTimeout, &s.ElectionTimeout},
 		{"server.raft.leader_lease_timeout", f.Server.Raft.LeaderLeaseTimeout, &s.LeaderLeaseTimeout},

@@ -199,6 +199,7 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		Handlers:     map[string]http.Handler{"/v1/operator/": s.operatorRoutes(), "/metrics": s.metricsHandler()},
 		ReadyzChecks: []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
 		ServiceCIDR:  s.cfg.ServiceCIDR,
+		EventTTL:     s.cfg.EventTTL,
 	})
 	if err != nil {
 		ln.Close()
