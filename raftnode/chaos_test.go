@@ -1,7 +1,6 @@
 package raftnode_test
 
 import (
-	"bytes"
 	"context"
 	"flag"
 	"fmt"
@@ -94,19 +93,7 @@ func TestChaos(t *testing.T) {
 	if _, err := c.Put(c.WaitForLeader(), "/chaos/final", "x"); err != nil {
 		t.Fatal(err)
 	}
-	c.WaitFor("convergence", 20*time.Second, func() error {
-		var first []byte
-		for i := 0; i < 3; i++ {
-			var buf bytes.Buffer
-			c.Node(i).Store().Snapshot().WriteTo(&buf)
-			if i == 0 {
-				first = buf.Bytes()
-			} else if !bytes.Equal(first, buf.Bytes()) {
-				return fmt.Errorf("peer %d differs from peer 0", i)
-			}
-		}
-		return nil
-	})
+	c.WaitForIdenticalStores(20 * time.Second)
 	if len(acked) == 0 {
 		t.Fatal("no write was acknowledged during the storm")
 	}

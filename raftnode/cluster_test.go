@@ -1,7 +1,6 @@
 package raftnode_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -139,19 +138,7 @@ func TestLaggingFollowerRestoredBySnapshotInstall(t *testing.T) {
 	}
 	// Stores converge byte for byte once every peer applied the same index.
 	c.Put(leader, "/final", "x")
-	c.WaitFor("identical snapshots", 10*time.Second, func() error {
-		var first []byte
-		for i := 0; i < 3; i++ {
-			var buf bytes.Buffer
-			c.Node(i).Store().Snapshot().WriteTo(&buf)
-			if i == 0 {
-				first = buf.Bytes()
-			} else if !bytes.Equal(first, buf.Bytes()) {
-				return fmt.Errorf("peer %d differs", i)
-			}
-		}
-		return nil
-	})
+	c.WaitForIdenticalStores(20 * time.Second)
 }
 
 func TestAllPeersRestartedKeepEveryAcknowledgedWrite(t *testing.T) {

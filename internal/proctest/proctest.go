@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/skiff-dev/skiff/raftnode/raftnodetest"
 )
 
 var (
@@ -250,20 +252,10 @@ func ParsePeers(out string) ([]PeerRow, error) {
 	return rows, nil
 }
 
-// WaitFor polls cond until nil or timeout.
+// WaitFor polls cond until nil or timeout; it is raftnodetest's, shared by every harness.
 func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() error) {
 	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waiting for %s: %v", what, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	raftnodetest.WaitFor(t, what, timeout, cond)
 }
 
 // HealthyPeers waits until list-peers through p shows want voters and exactly one leader, and returns the

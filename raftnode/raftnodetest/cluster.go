@@ -4,6 +4,7 @@
 package raftnodetest
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net"
@@ -171,6 +172,29 @@ func WaitFor(t testing.TB, what string, timeout time.Duration, cond func() error
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// WaitForIdenticalStores waits until every peer's store snapshots to the same bytes: they have applied the
+// same log and, Apply being deterministic, hold the same state.
+func (c *Cluster) WaitForIdenticalStores(timeout time.Duration) {
+	c.t.Helper()
+	c.WaitFor("identical stores", timeout, func() error {
+		var first []byte
+		for i := range c.cfgs {
+			n := c.Node(i)
+			if n == nil {
+				return fmt.Errorf("peer %d is stopped", i)
+			}
+			var buf bytes.Buffer
+			n.Store().Snapshot().WriteTo(&buf)
+			if i == 0 {
+				first = buf.Bytes()
+			} else if !bytes.Equal(first, buf.Bytes()) {
+				return fmt.Errorf("peer %d differs from peer 0", i)
+			}
+		}
+		return nil
+	})
 }
 
 // Put writes key=value through peer i and returns the result.
