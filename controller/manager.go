@@ -9,6 +9,7 @@ import (
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
 )
 
@@ -16,6 +17,7 @@ import (
 type Clients struct {
 	Kube      kubernetes.Interface
 	Dynamic   dynamic.Interface
+	Metadata  metadata.Interface
 	Discovery discovery.DiscoveryInterface
 	Informers informers.SharedInformerFactory
 	Logger    hclog.Logger
@@ -31,7 +33,11 @@ func NewClients(cfg *rest.Config, logger hclog.Logger) (*Clients, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Clients{Kube: kube, Dynamic: dyn, Discovery: kube.Discovery(), Informers: informers.NewSharedInformerFactory(kube, 0), Logger: logger}, nil
+	meta, err := metadata.NewForConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Clients{Kube: kube, Dynamic: dyn, Metadata: meta, Discovery: kube.Discovery(), Informers: informers.NewSharedInformerFactory(kube, 0), Logger: logger}, nil
 }
 
 // controllers is the table of controllers the manager runs.
@@ -40,6 +46,7 @@ var controllers = []struct {
 	run  func(ctx context.Context, c *Clients)
 }{
 	{"namespace", runNamespaceController},
+	{"garbage-collector", runGarbageCollector},
 }
 
 // Run runs every controller until ctx ends (the leader lost its leadership).

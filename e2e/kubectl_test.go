@@ -202,9 +202,40 @@ func TestKubectlAgainstThreeServers(t *testing.T) {
 	// Deletion: a grace period on an unscheduled pod removes it at once; --force; --cascade.
 	k2.ok("delete", "pod", "watched", "-n", "demo", "--grace-period=30")
 	k3.ok("delete", "pod", "bare", "-n", "demo", "--force", "--grace-period=0")
-	// Background cascading; foreground and orphan wait for the garbage collector, a later issue.
-	k1.ok("delete", "deploy", "made", "-n", "demo", "--cascade=background")
+	// Cascading deletion in all three modes; foreground and orphan are completed by the garbage collector.
+	k1.ok("delete", "deploy", "made", "-n", "demo", "--cascade=foreground")
+	k2.ok("delete", "deploy", "web", "-n", "demo", "--cascade=orphan")
+	k3.ok("delete", "svc", "web", "-n", "demo", "--cascade=background")
 	mustContain(t, "pods gone", k2.ok("get", "pods", "-n", "demo"), "No resources found")
+
+	// The garbage collector follows ownerReferences in each propagation mode.
+	dir := t.TempDir()
+	for _, mode := range []string{"foreground", "orphan", "background"} {
+		owner, dep := "owner-"+mode, "dependent-"+mode
+		k1.ok("create", "configmap", owner, "-n", "demo")
+		uid := k1.ok("get", "configmap", owner, "-n", "demo", "-o", "jsonpath={.metadata.uid}")
+		file := filepath.Join(dir, dep+".yaml")
+		os.WriteFile(file, []byte(fmt.Sprintf(`apiVersion: v1
+kind: ConfigMap
+metadata:
+  name: %s
+  namespace: demo
+  ownerReferences:
+  - {apiVersion: v1, kind: ConfigMap, name: %s, uid: %s, blockOwnerDeletion: true}
+`, dep, owner, uid)), 0o600)
+		k2.ok("apply", "-f", file)
+		k3.ok("delete", "configmap", owner, "-n", "demo", "--cascade="+mode)
+		proctest.WaitFor(t, "garbage collection ("+mode+")", 30*time.Second, func() error {
+			out, err := k1.run("get", "configmap", dep, "-n", "demo", "-o", "jsonpath={.metadata.ownerReferences}")
+			switch {
+			case mode == "orphan" && err == nil && strings.TrimSpace(out) == "":
+				return nil // kept, without its owner
+			case mode != "orphan" && err != nil && strings.Contains(out, "NotFound"):
+				return nil // deleted with its owner
+			}
+			return fmt.Errorf("dependent: %v %s", err, out)
+		})
+	}
 	k1.ok("delete", "namespace", "demo", "--wait=true", "--timeout=60s")
 	mustContain(t, "namespace gone", k2.fails("get", "namespace", "demo"), "NotFound")
 }

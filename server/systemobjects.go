@@ -106,6 +106,9 @@ func (s *Server) adminRESTConfig(ctx context.Context) (*rest.Config, error) {
 		cfg, err := clientcmd.BuildConfigFromFlags("", s.KubeconfigPath())
 		if err == nil {
 			cfg.UserAgent = "skiff-leader/" + s.cfg.Name
+			// The controllers talk to their own peer; client-go's default of 5 requests a second would
+			// make each garbage collection round take seconds.
+			cfg.QPS, cfg.Burst = 200, 400
 			return cfg, nil
 		}
 		if !sleepCtx(ctx, 200*time.Millisecond) {

@@ -1,0 +1,200 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// gcInterval is how often the garbage collector looks at the whole object graph.
+const gcInterval = 2 * time.Second
+
+// gcObject is one node of the ownership graph.
+type gcObject struct {
+	gvr  schema.GroupVersionResource
+	meta metav1.PartialObjectMetadata
+}
+
+// runGarbageCollector honours ownerReferences and the deletion propagation policies, as Kubernetes' garbage
+// collector does. Each round, it reads every object's metadata (from the watch cache) and then:
+//  1. an object being deleted with the "orphan" finalizer: its dependents lose the owner reference, then
+//     the finalizer goes;
+//  2. an object being deleted with the "foregroundDeletion" finalizer: its dependents are deleted, and once
+//     none is left the finalizer goes;
+//  3. an object all of whose owners are gone (checked live, by UID) is deleted in the background.
+func runGarbageCollector(ctx context.Context, c *Clients) {
+	for {
+		start := time.Now()
+		if err := gcRound(ctx, c); err != nil && ctx.Err() == nil {
+			c.Logger.Warn("garbage collection round failed", "error", err)
+		}
+		c.Logger.Debug("garbage collection round", "took", time.Since(start))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(gcInterval):
+		}
+	}
+}
+
+// kindResource maps an owner reference's apiVersion and kind to the resource that serves it.
+type kindResource map[schema.GroupVersionKind]schema.GroupVersionResource
+
+func gcRound(ctx context.Context, c *Clients) error {
+	lists, err := c.Discovery.ServerPreferredResources()
+	if err != nil && len(lists) == 0 {
+		return err
+	}
+	kinds := kindResource{}
+	var objects []*gcObject
+	byUID := map[types.UID]*gcObject{}
+	for _, l := range lists {
+		gv, err := schema.ParseGroupVersion(l.GroupVersion)
+		if err != nil {
+			continue
+		}
+		for _, r := range l.APIResources {
+			gvr := gv.WithResource(r.Name)
+			kinds[gv.WithKind(r.Kind)] = gvr
+			if !hasVerbs(r.Verbs, "list", "delete", "patch") {
+				continue
+			}
+			list, err := c.Metadata.Resource(gvr).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+			if err != nil {
+				continue
+			}
+			for i := range list.Items {
+				o := &gcObject{gvr: gvr, meta: list.Items[i]}
+				objects = append(objects, o)
+				byUID[o.meta.UID] = o
+			}
+		}
+	}
+	dependents := map[types.UID][]*gcObject{}
+	for _, o := range objects {
+		for _, ref := range o.meta.OwnerReferences {
+			dependents[ref.UID] = append(dependents[ref.UID], o)
+		}
+	}
+	for _, o := range objects {
+		if o.meta.DeletionTimestamp != nil {
+			if hasFinalizer(o, metav1.FinalizerOrphanDependents) {
+				orphan(ctx, c, o, dependents[o.meta.UID])
+			}
+			if hasFinalizer(o, metav1.FinalizerDeleteDependents) {
+				deleteDependents(ctx, c, o, dependents[o.meta.UID])
+			}
+			continue
+		}
+		if len(o.meta.OwnerReferences) > 0 && ownersGone(ctx, c, o, byUID, kinds) {
+			background := metav1.DeletePropagationBackground
+			uid := o.meta.UID
+			err := c.Metadata.Resource(o.gvr).Namespace(o.meta.Namespace).Delete(ctx, o.meta.Name,
+				metav1.DeleteOptions{PropagationPolicy: &background, Preconditions: &metav1.Preconditions{UID: &uid}})
+			if err == nil {
+				c.Logger.Info("deleted an object whose owners are gone", "resource", o.gvr.Resource, "namespace", o.meta.Namespace, "name", o.meta.Name)
+			}
+		}
+	}
+	return nil
+}
+
+// ownersGone reports whether none of the object's owners exists any more. An owner missing from this
+// round's snapshot is looked up live before the object is condemned.
+func ownersGone(ctx context.Context, c *Clients, o *gcObject, byUID map[types.UID]*gcObject, kinds kindResource) bool {
+	for _, ref := range o.meta.OwnerReferences {
+		if _, ok := byUID[ref.UID]; ok {
+			return false
+		}
+		gv, err := schema.ParseGroupVersion(ref.APIVersion)
+		if err != nil {
+			return false
+		}
+		gvr, ok := kinds[gv.WithKind(ref.Kind)]
+		if !ok {
+			return false // an owner kind this server does not serve: leave the object alone
+		}
+		ns := o.meta.Namespace
+		owner, err := c.Metadata.Resource(gvr).Namespace(ns).Get(ctx, ref.Name, metav1.GetOptions{})
+		if err == nil && owner.UID == ref.UID {
+			return false
+		}
+		if err != nil && !apierrors.IsNotFound(err) {
+			// Cluster-scoped owners answer NotFound on a namespaced path; look there too.
+			owner, err = c.Metadata.Resource(gvr).Get(ctx, ref.Name, metav1.GetOptions{})
+			if err == nil && owner.UID == ref.UID {
+				return false
+			}
+			if err != nil && !apierrors.IsNotFound(err) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+func orphan(ctx context.Context, c *Clients, owner *gcObject, deps []*gcObject) {
+	for _, d := range deps {
+		var keep []metav1.OwnerReference
+		for _, ref := range d.meta.OwnerReferences {
+			if ref.UID != owner.meta.UID {
+				keep = append(keep, ref)
+			}
+		}
+		if err := patchMeta(ctx, c, d, map[string]interface{}{"ownerReferences": keep}); err != nil && !apierrors.IsNotFound(err) {
+			return // try again next round
+		}
+	}
+	removeFinalizer(ctx, c, owner, metav1.FinalizerOrphanDependents)
+}
+
+func deleteDependents(ctx context.Context, c *Clients, owner *gcObject, deps []*gcObject) {
+	if len(deps) > 0 {
+		foreground := metav1.DeletePropagationForeground
+		for _, d := range deps {
+			if d.meta.DeletionTimestamp != nil {
+				continue
+			}
+			c.Metadata.Resource(d.gvr).Namespace(d.meta.Namespace).Delete(ctx, d.meta.Name, metav1.DeleteOptions{PropagationPolicy: &foreground})
+		}
+		return // the finalizer goes once the dependents are gone
+	}
+	removeFinalizer(ctx, c, owner, metav1.FinalizerDeleteDependents)
+}
+
+func hasFinalizer(o *gcObject, f string) bool {
+	for _, x := range o.meta.Finalizers {
+		if x == f {
+			return true
+		}
+	}
+	return false
+}
+
+func removeFinalizer(ctx context.Context, c *Clients, o *gcObject, f string) {
+	var keep []string
+	for _, x := range o.meta.Finalizers {
+		if x != f {
+			keep = append(keep, x)
+		}
+	}
+	if err := patchMeta(ctx, c, o, map[string]interface{}{"finalizers": keep}); err != nil && !apierrors.IsNotFound(err) {
+		c.Logger.Warn("removing finalizer", "finalizer", f, "name", o.meta.Name, "error", err)
+	}
+}
+
+// patchMeta merge-patches metadata fields, guarded by the resourceVersion that was read.
+func patchMeta(ctx context.Context, c *Clients, o *gcObject, fields map[string]interface{}) error {
+	fields["resourceVersion"] = o.meta.ResourceVersion
+	body, err := json.Marshal(map[string]interface{}{"metadata": fields})
+	if err != nil {
+		return err
+	}
+	_, err = c.Metadata.Resource(o.gvr).Namespace(o.meta.Namespace).Patch(ctx, o.meta.Name, types.MergePatchType, body, metav1.PatchOptions{})
+	return err
+}
