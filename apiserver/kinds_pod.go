@@ -178,10 +178,20 @@ func validatePod(o runtime.Object) field.ErrorList {
 	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil && *g < 0 {
 		errs = append(errs, field.Invalid(spec.Child("terminationGracePeriodSeconds"), *g, "must be >= 0"))
 	}
-	if pod.Spec.EphemeralContainers != nil {
-		errs = append(errs, field.Forbidden(spec.Child("ephemeralContainers"), "ephemeral containers are added through the ephemeralcontainers subresource"))
-	}
 	return errs
+}
+
+// preparePodUpdate keeps ephemeral containers: only the ephemeralcontainers subresource changes them.
+func preparePodUpdate(o, old runtime.Object) {
+	o.(*corev1.Pod).Spec.EphemeralContainers = old.(*corev1.Pod).Spec.EphemeralContainers
+}
+
+// validatePodCreate holds the rules that apply to new pods only.
+func validatePodCreate(o runtime.Object) field.ErrorList {
+	if o.(*corev1.Pod).Spec.EphemeralContainers != nil {
+		return field.ErrorList{field.Forbidden(field.NewPath("spec", "ephemeralContainers"), "cannot be set on create; add ephemeral containers through the ephemeralcontainers subresource")}
+	}
+	return nil
 }
 
 // volumeTypeName names the source set on a volume Skiff does not support, for the error message.

@@ -42,6 +42,7 @@ type kind struct {
 	prepareCreate  func(obj runtime.Object)      // after defaults, on create only
 	prepareUpdate  func(obj, old runtime.Object) // after defaults, on update only
 	validate       func(obj runtime.Object) field.ErrorList
+	validateCreate func(obj runtime.Object) field.ErrorList // on create only
 	validateUpdate func(obj, old runtime.Object) field.ErrorList
 	fields         func(obj runtime.Object) fields.Set // field-selector attributes beyond metadata.name/namespace
 	fieldNames     []string                            // the names fields returns, for label conversion
@@ -67,8 +68,8 @@ var kinds = []*kind{
 		subresources: []subresource{{"finalize", func(s *genericregistry.Store) rest.Storage { return &finalizeREST{store: s} }}},
 		columns:      []column{nameColumn, {name: "Status", typ: "string", value: namespaceStatus}, ageColumn}},
 	{gv: corev1.SchemeGroupVersion, resource: "pods", singular: "pod", namespaced: true, newFunc: obj[corev1.Pod](), newListFunc: obj[corev1.PodList](),
-		shortNames: []string{"po"}, categories: []string{"all"}, hasStatus: true, defaults: defaultPod, prepareCreate: preparePodCreate,
-		validate: validatePod, validateUpdate: validatePodUpdate, fields: podFields, gracefulDelete: podGracefulDelete, subresources: podSubresources,
+		shortNames: []string{"po"}, categories: []string{"all"}, hasStatus: true, defaults: defaultPod, prepareCreate: preparePodCreate, prepareUpdate: preparePodUpdate,
+		validate: validatePod, validateCreate: validatePodCreate, validateUpdate: validatePodUpdate, fields: podFields, gracefulDelete: podGracefulDelete, subresources: podSubresources,
 		fieldNames: []string{"spec.nodeName", "status.phase", "spec.schedulerName", "spec.restartPolicy", "spec.serviceAccountName", "status.podIP", "status.nominatedNodeName"},
 		columns:    podColumns},
 	{gv: corev1.SchemeGroupVersion, resource: "services", singular: "service", namespaced: true, newFunc: obj[corev1.Service](), newListFunc: obj[corev1.ServiceList](),

@@ -60,6 +60,9 @@ func (s strategy) Validate(ctx context.Context, obj runtime.Object) field.ErrorL
 	if s.k.validate != nil {
 		errs = append(errs, s.k.validate(obj)...)
 	}
+	if s.k.validateCreate != nil {
+		errs = append(errs, s.k.validateCreate(obj)...)
+	}
 	return errs
 }
 

@@ -4,19 +4,25 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/url"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/conversion"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	"k8s.io/apiserver/pkg/registry/rest"
 	"k8s.io/apiserver/pkg/storage"
+	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 )
 
 // subresource builds an extra subresource of a kind from its main store.
@@ -178,7 +184,91 @@ func (r *notImplementedConnect) NewConnectOptions() (runtime.Object, bool, strin
 }
 func (r *notImplementedConnect) ConnectMethods() []string { return []string{"GET", "POST"} }
 
+// Pods: ephemeralcontainers. Only spec.ephemeralContainers changes, and only by additions.
+
+type ephemeralStrategy struct{ strategy }
+
+func (s ephemeralStrategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object) {
+	pod := obj.(*corev1.Pod)
+	added := pod.Spec.EphemeralContainers
+	*pod = *old.(*corev1.Pod).DeepCopy()
+	pod.Spec.EphemeralContainers = added
+	for i := range pod.Spec.EphemeralContainers {
+		c := &pod.Spec.EphemeralContainers[i]
+		if c.ImagePullPolicy == "" {
+			c.ImagePullPolicy = corev1.PullIfNotPresent
+		}
+		if c.TerminationMessagePath == "" {
+			c.TerminationMessagePath = corev1.TerminationMessagePathDefault
+		}
+		if c.TerminationMessagePolicy == "" {
+			c.TerminationMessagePolicy = corev1.TerminationMessageReadFile
+		}
+	}
+}
+
+func (s ephemeralStrategy) ValidateUpdate(ctx context.Context, obj, old runtime.Object) field.ErrorList {
+	pod, oldPod := obj.(*corev1.Pod), old.(*corev1.Pod)
+	path := field.NewPath("spec", "ephemeralContainers")
+	var errs field.ErrorList
+	if len(pod.Spec.EphemeralContainers) < len(oldPod.Spec.EphemeralContainers) {
+		return field.ErrorList{field.Forbidden(path, "existing ephemeral containers may not be removed")}
+	}
+	names := map[string]bool{}
+	for _, c := range pod.Spec.Containers {
+		names[c.Name] = true
+	}
+	for _, c := range pod.Spec.InitContainers {
+		names[c.Name] = true
+	}
+	for i, c := range pod.Spec.EphemeralContainers {
+		p := path.Index(i)
+		if i < len(oldPod.Spec.EphemeralContainers) {
+			if !apiequality.Semantic.DeepEqual(c, oldPod.Spec.EphemeralContainers[i]) {
+				errs = append(errs, field.Forbidden(p, "existing ephemeral containers may not be changed"))
+			}
+		}
+		for _, msg := range validation.IsDNS1123Label(c.Name) {
+			errs = append(errs, field.Invalid(p.Child("name"), c.Name, msg))
+		}
+		if names[c.Name] {
+			errs = append(errs, field.Duplicate(p.Child("name"), c.Name))
+		}
+		names[c.Name] = true
+		if c.Image == "" {
+			errs = append(errs, field.Required(p.Child("image"), ""))
+		}
+	}
+	return errs
+}
+
+func (s ephemeralStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {
+	return map[fieldpath.APIVersion]*fieldpath.Set{
+		"v1": fieldpath.NewSet(fieldpath.MakePathOrDie("status"), fieldpath.MakePathOrDie("metadata")),
+	}
+}
+
+func ephemeralContainersREST(store *genericregistry.Store) rest.Storage {
+	e := *store
+	e.CreateStrategy = nil
+	e.DeleteStrategy = nil
+	st := ephemeralStrategy{store.UpdateStrategy.(strategy)}
+	e.UpdateStrategy = st
+	e.ResetFieldsStrategy = st
+	return &statusREST{store: &e}
+}
+
+func init() {
+	// The streaming subresources decode their options from the query string. Until the node agent serves
+	// them, the options are not read, so their conversion from url.Values only has to exist; the generated
+	// conversions of kube-apiserver are not part of k8s.io/api.
+	for _, opts := range []runtime.Object{&corev1.PodLogOptions{}, &corev1.PodExecOptions{}, &corev1.PodAttachOptions{}, &corev1.PodPortForwardOptions{}} {
+		utilruntime.Must(Scheme.AddConversionFunc((*url.Values)(nil), opts, func(a, b interface{}, scope conversion.Scope) error { return nil }))
+	}
+}
+
 var podSubresources = []subresource{
+	{"ephemeralcontainers", ephemeralContainersREST},
 	{"binding", func(s *genericregistry.Store) rest.Storage { return &bindingREST{store: s} }},
 	{"eviction", func(s *genericregistry.Store) rest.Storage { return &evictionREST{store: s} }},
 	{"log", func(*genericregistry.Store) rest.Storage {

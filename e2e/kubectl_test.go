@@ -175,6 +175,12 @@ func TestKubectlAgainstThreeServers(t *testing.T) {
 	mustContain(t, "invalid pod", k1.fails("apply", "-f", "testdata/invalid.yaml"), "spec.containers[0].image", "Required value")
 	mustContain(t, "unknown field", k1.fails("apply", "-f", "testdata/unknown-field.yaml"), "unknown field", "colour")
 
+	// Streaming subresources answer 501 until the node agent serves them; ephemeral containers are added
+	// through their subresource.
+	mustContain(t, "logs", k1.fails("logs", "bare", "-n", "demo"), "NotImplemented", "pods/log")
+	k2.ok("debug", "bare", "-n", "demo", "--image=busybox:1.36", "--profile=general")
+	mustContain(t, "ephemeral container", k3.ok("get", "pod", "bare", "-n", "demo", "-o", "jsonpath={.spec.ephemeralContainers[*].image}"), "busybox:1.36")
+
 	// Events and describe.
 	// describe finds a pod's events by its UID, as the components that record them set it.
 	uid := k1.ok("get", "pod", "bare", "-n", "demo", "-o", "jsonpath={.metadata.uid}")
