@@ -204,6 +204,16 @@ func TestKubectlAgainstThreeServers(t *testing.T) {
 	mustContain(t, "an out-of-range ClusterIP", k3.fails("create", "service", "clusterip", "far", "-n", "demo", "--tcp=80", "--clusterip=192.168.1.1"),
 		"not in the valid range")
 	mustContain(t, "leader lease", k1.ok("get", "lease", "-n", "kube-system", "skiff-leader"), "skiff-leader", "cp-")
+	mustContain(t, "kubernetes service", k2.ok("get", "svc", "kubernetes", "-n", "default"), "10.96.0.1", "443/TCP")
+	proctest.WaitFor(t, "kubernetes endpoints", 30*time.Second, func() error {
+		out := k3.ok("get", "endpoints", "kubernetes", "-n", "default", "-o", "jsonpath={.subsets[0].addresses[*].ip}")
+		for _, ip := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.3"} {
+			if !strings.Contains(out, ip) {
+				return fmt.Errorf("endpoints %q lack %s", out, ip)
+			}
+		}
+		return nil
+	})
 
 	// Deletion: a grace period on an unscheduled pod removes it at once; --force; --cascade.
 	k2.ok("delete", "pod", "watched", "-n", "demo", "--grace-period=30")

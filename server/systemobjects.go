@@ -2,17 +2,21 @@ package server
 
 import (
 	"context"
+	"net"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/skiff-dev/skiff/controller"
+	"github.com/skiff-dev/skiff/gossip"
 )
 
 // systemNamespaces exist in every cluster, as in Kubernetes.
@@ -50,8 +54,63 @@ func (s *Server) runSystemObjects(ctx context.Context) {
 		} else {
 			first = false
 		}
+		if err := s.reconcileKubernetesService(ctx, client); err != nil {
+			s.logger.Warn("reconciling the kubernetes service", "error", err)
+		}
 		sleepCtx(ctx, leaseRenewInterval)
 	}
+}
+
+// reconcileKubernetesService keeps default/kubernetes, the Service pods reach the API through: the first
+// address of the service CIDR, with one endpoint per alive server.
+func (s *Server) reconcileKubernetesService(ctx context.Context, client kubernetes.Interface) error {
+	_, cidr, err := net.ParseCIDR(s.cfg.ServiceCIDR)
+	if err != nil {
+		return err
+	}
+	first := make(net.IP, 4)
+	copy(first, cidr.IP.To4())
+	first[3]++
+	services := client.CoreV1().Services(metav1.NamespaceDefault)
+	if _, err := services.Get(ctx, "kubernetes", metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		_, err = services.Create(ctx, &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Labels: map[string]string{"component": "apiserver", "provider": "kubernetes"}},
+			Spec: corev1.ServiceSpec{ClusterIP: first.String(), Ports: []corev1.ServicePort{{
+				Name: "https", Port: 443, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(int32(s.cfg.Ports.API)),
+			}}},
+		}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	} else if err != nil {
+		return err
+	}
+	var addrs []corev1.EndpointAddress
+	for _, m := range s.pool.Alive(gossip.RoleServer) {
+		if host, _, err := net.SplitHostPort(m.Meta.APIAddr); err == nil {
+			addrs = append(addrs, corev1.EndpointAddress{IP: host})
+		}
+	}
+	want := &corev1.Endpoints{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: metav1.NamespaceDefault},
+		Subsets: []corev1.EndpointSubset{{Addresses: addrs, Ports: []corev1.EndpointPort{
+			{Name: "https", Port: int32(s.cfg.Ports.API), Protocol: corev1.ProtocolTCP},
+		}}},
+	}
+	endpoints := client.CoreV1().Endpoints(metav1.NamespaceDefault)
+	have, err := endpoints.Get(ctx, "kubernetes", metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = endpoints.Create(ctx, want, metav1.CreateOptions{})
+		return err
+	case err != nil:
+		return err
+	case apiequality.Semantic.DeepEqual(have.Subsets, want.Subsets):
+		return nil
+	}
+	have.Subsets = want.Subsets
+	_, err = endpoints.Update(ctx, have, metav1.UpdateOptions{})
+	return err
 }
 
 func (s *Server) renewLeaderLease(ctx context.Context, client kubernetes.Interface, acquired metav1.MicroTime, first bool) error {

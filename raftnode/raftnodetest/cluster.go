@@ -61,7 +61,14 @@ func TestCluster(t testing.TB, n int, opts ...Option) *Cluster {
 			t.Fatalf("bootstrap %d: %v", i, err)
 		}
 	}
-	c.WaitForLeader()
+	// Wait until the leader's barrier (a no-op of its term) has applied, so that tests counting revisions
+	// start from a quiet store.
+	leader := c.WaitForLeader()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Node(leader).LinearizableRead(ctx); err != nil {
+		t.Fatalf("leader not ready: %v", err)
+	}
 	return c
 }
 
