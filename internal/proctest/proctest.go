@@ -25,6 +25,13 @@ var (
 	buildErr  error
 )
 
+// RemoveBuiltBinary deletes the binary Binary built, if it built one. Test mains call it after the tests.
+func RemoveBuiltBinary() {
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+}
+
 // Binary returns the binary under test.
 func Binary(t testing.TB) string {
 	t.Helper()
