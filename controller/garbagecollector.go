@@ -11,7 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// gcInterval is how often the garbage collector looks at the whole object graph.
+// gcInterval is the shortest pause between two looks at the whole object graph. A round that takes long (a
+// big cluster) stretches the pause to ten times its duration, so collection never takes more than a tenth
+// of the leader's attention.
 const gcInterval = 2 * time.Second
 
 // gcObject is one node of the ownership graph.
@@ -33,11 +35,12 @@ func runGarbageCollector(ctx context.Context, c *Clients) {
 		if err := gcRound(ctx, c); err != nil && ctx.Err() == nil {
 			c.Logger.Warn("garbage collection round failed", "error", err)
 		}
-		c.Logger.Debug("garbage collection round", "took", time.Since(start))
+		took := time.Since(start)
+		c.Logger.Debug("garbage collection round", "took", took)
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(gcInterval):
+		case <-time.After(max(gcInterval, 10*took)):
 		}
 	}
 }
