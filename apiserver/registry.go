@@ -10,6 +10,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -51,6 +52,8 @@ type kind struct {
 	// gracefulDelete decides the grace period of a delete (pods); nil deletes at once.
 	gracefulDelete func(obj runtime.Object, options *metav1.DeleteOptions) bool
 	subresources   []subresource // beyond status
+	// storageGV stores the kind as another group's type (events.k8s.io Events are stored as core Events).
+	storageGV *schema.GroupVersion
 }
 
 func obj[T any, PT interface {
@@ -119,6 +122,10 @@ var kinds = []*kind{
 
 	// discovery.k8s.io/v1
 	{gv: discoveryv1.SchemeGroupVersion, resource: "endpointslices", singular: "endpointslice", namespaced: true, newFunc: obj[discoveryv1.EndpointSlice](), newListFunc: obj[discoveryv1.EndpointSliceList]()},
+
+	// events.k8s.io/v1: the core Events, in the newer shape, from the same storage.
+	{gv: eventsv1.SchemeGroupVersion, resource: "events", singular: "event", namespaced: true, newFunc: obj[eventsv1.Event](), newListFunc: obj[eventsv1.EventList](),
+		shortNames: []string{"ev"}, ttlSeconds: 3600, storageGV: &corev1.SchemeGroupVersion},
 
 	// coordination.k8s.io/v1
 	{gv: coordinationv1.SchemeGroupVersion, resource: "leases", singular: "lease", namespaced: true, newFunc: obj[coordinationv1.Lease](), newListFunc: obj[coordinationv1.LeaseList](),

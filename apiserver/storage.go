@@ -41,6 +41,15 @@ func (raftStatusClient) Status(context.Context, string) (*clientv3.StatusRespons
 	return &clientv3.StatusResponse{Version: "3.6.0"}, nil
 }
 
+// storedAs is the encode target of a kind stored as another group's type: whatever the object, its stored
+// kind.
+type storedAs struct{ gvk schema.GroupVersionKind }
+
+func (s storedAs) KindForGroupVersionKinds([]schema.GroupVersionKind) (schema.GroupVersionKind, bool) {
+	return s.gvk, true
+}
+func (s storedAs) Identifier() string { return "stored-as:" + s.gvk.String() }
+
 // restOptionsGetter hands the generic registry its storage: protobuf-encoded objects in the Raft store, under
 // the library's watch cache.
 type restOptionsGetter struct {
@@ -53,8 +62,17 @@ func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, exampl
 	if err != nil {
 		return generic.RESTOptions{}, err
 	}
+	codec := storageCodec(gv)
+	for _, k := range kinds {
+		if k.gv.Group == resource.Group && k.resource == resource.Resource && k.storageGV != nil {
+			// Stored as another group's type: encode to that, decode to this group's version.
+			info, _ := runtime.SerializerInfoForMediaType(Codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
+			codec = Codecs.CodecForVersions(info.Serializer, info.Serializer, storedAs{k.storageGV.WithKind(kindName(k))},
+				schema.GroupVersion{Group: resource.Group, Version: runtime.APIVersionInternal})
+		}
+	}
 	cfg := &storagebackend.ConfigForResource{
-		Config:        storagebackend.Config{Prefix: storagePrefix, Codec: storageCodec(gv), EventsHistoryWindow: storagebackend.DefaultEventsHistoryWindow},
+		Config:        storagebackend.Config{Prefix: storagePrefix, Codec: codec, EventsHistoryWindow: storagebackend.DefaultEventsHistoryWindow},
 		GroupResource: resource,
 	}
 	return generic.RESTOptions{

@@ -190,6 +190,9 @@ func TestKubectlAgainstThreeServers(t *testing.T) {
 	k2.ok("create", "-f", eventFile)
 	mustContain(t, "events by field selector", k3.ok("get", "events", "-n", "demo", "--field-selector", "involvedObject.name=bare"), "Testing", "pod/bare")
 	mustContain(t, "describe shows events", k1.ok("describe", "pod", "bare", "-n", "demo"), "Events:", "Testing")
+	// events.k8s.io/v1 serves the same Events in their newer shape.
+	mustContain(t, "events.k8s.io", k3.ok("get", "events.v1.events.k8s.io", "bare.manual", "-n", "demo", "-o", "yaml"),
+		"apiVersion: events.k8s.io/v1", "note: an event recorded by the e2e test", "regarding:")
 
 	// Discovery and generators.
 	mustContain(t, "explain", k1.ok("explain", "deployment.spec.replicas"), "replicas")
