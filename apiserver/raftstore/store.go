@@ -278,6 +278,17 @@ func (s *Store) stateFromObject(obj runtime.Object) (*objState, error) {
 	return &objState{obj: obj, meta: &storage.ResponseMeta{ResourceVersion: rv}, rev: int64(rv), data: data, stale: true}, nil
 }
 
+// startState is where a conditional write starts: the caller's cached object when it gave one (current is
+// false: a precondition or update failure must then be rechecked against the store), else the stored one.
+func (s *Store) startState(key string, v reflect.Value, ignoreNotFound bool, cached runtime.Object) (st *objState, current bool, err error) {
+	if cached != nil {
+		st, err = s.stateFromObject(cached)
+		return st, false, err
+	}
+	st, err = s.currentState(key, v, ignoreNotFound)
+	return st, true, err
+}
+
 // Delete implements storage.Interface.
 func (s *Store) Delete(ctx context.Context, key string, out runtime.Object, preconditions *storage.Preconditions,
 	validateDeletion storage.ValidateObjectFunc, cachedExistingObject runtime.Object, opts storage.DeleteOptions) error {
@@ -289,14 +300,7 @@ func (s *Store) Delete(ctx context.Context, key string, out runtime.Object, prec
 	if err != nil {
 		return fmt.Errorf("unable to convert output object to pointer: %v", err)
 	}
-	var orig *objState
-	current := false
-	if cachedExistingObject != nil {
-		orig, err = s.stateFromObject(cachedExistingObject)
-	} else {
-		orig, err = s.currentState(key, v, false)
-		current = true
-	}
+	orig, current, err := s.startState(key, v, false, cachedExistingObject)
 	if err != nil {
 		return err
 	}
@@ -352,14 +356,7 @@ func (s *Store) GuaranteedUpdate(ctx context.Context, key string, destination ru
 	if err != nil {
 		return fmt.Errorf("unable to convert output object to pointer: %v", err)
 	}
-	var orig *objState
-	current := false
-	if cachedExistingObject != nil {
-		orig, err = s.stateFromObject(cachedExistingObject)
-	} else {
-		orig, err = s.currentState(key, v, ignoreNotFound)
-		current = true
-	}
+	orig, current, err := s.startState(key, v, ignoreNotFound, cachedExistingObject)
 	if err != nil {
 		return err
 	}
