@@ -32,7 +32,7 @@ func newStrategy(k *kind) strategy {
 func (s strategy) NamespaceScoped() bool { return s.k.namespaced }
 
 func (s strategy) PrepareForCreate(ctx context.Context, obj runtime.Object) {
-	if s.k.hasStatus {
+	if s.k.hasStatus && !s.k.statusOnCreate {
 		resetStatus(obj)
 	}
 	if s.k.defaults != nil {

@@ -100,6 +100,7 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 	s.node.OnLeadership("cluster-secrets", s.ensureClusterSecrets)
 	s.node.OnLeadership("system-objects", s.runSystemObjects)
 	s.node.OnLeadership("controllers", s.runControllers)
+	s.node.OnLeadership("scheduler", s.runScheduler)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel

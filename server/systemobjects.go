@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/skiff-dev/skiff/controller"
+	"github.com/skiff-dev/skiff/scheduler"
 	"github.com/skiff-dev/skiff/gossip"
 )
 
@@ -158,6 +159,26 @@ func (s *Server) runControllers(ctx context.Context) {
 		return
 	}
 	controller.Run(ctx, clients)
+}
+
+// runScheduler is a leader service: the scheduler, through this peer's API.
+func (s *Server) runScheduler(ctx context.Context) {
+	cfg, err := s.adminRESTConfig(ctx)
+	if err != nil {
+		return
+	}
+	cfg.UserAgent = "default-scheduler/" + s.cfg.Name
+	// Binds are the scheduler's whole output; the API's in-flight limits, not a client-side rate, bound them.
+	cfg.QPS, cfg.Burst = -1, 0
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	client, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		s.logger.Error("building scheduler client", "error", err)
+		return
+	}
+	if err := scheduler.New(scheduler.Config{Client: client, Logger: s.logger.Named("scheduler")}).Run(ctx); err != nil && ctx.Err() == nil {
+		s.logger.Error("scheduler stopped", "error", err)
+	}
 }
 
 func (s *Server) adminRESTConfig(ctx context.Context) (*rest.Config, error) {

@@ -1,0 +1,174 @@
+package scheduler
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// interPodAffinity applies required pod affinity and anti-affinity across topology domains, including the
+// symmetry rule (an existing pod's anti-affinity also keeps the new pod away), and scores preferred terms.
+type interPodAffinity struct{}
+
+func (interPodAffinity) Name() string { return "InterPodAffinity" }
+
+// topologyPair is one topology domain: a node label key and value.
+type topologyPair struct{ key, value string }
+
+type interPodAffinityState struct {
+	// existingAnti counts, per domain, existing pods whose required anti-affinity selects the new pod.
+	existingAnti map[topologyPair]int
+	// affinity counts, per domain and term of the new pod, existing pods that match all its affinity terms.
+	affinity map[topologyPair]int
+	// anti counts, per domain, existing pods that a required anti-affinity term of the new pod selects.
+	anti map[topologyPair]int
+	// scores sums, per domain, the preferred-term weights for PreScore.
+	scores map[topologyPair]int64
+}
+
+func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *corev1.Pod, nodes []*NodeInfo) *Status {
+	info := state.PodInfo
+	s := &interPodAffinityState{existingAnti: map[topologyPair]int{}, affinity: map[topologyPair]int{}, anti: map[topologyPair]int{}}
+	podNSLabels := state.NamespaceLabels(pod.Namespace)
+	for _, n := range nodes {
+		// Symmetry: only the pods with required anti-affinity need a look.
+		for _, existing := range n.PodsWithRequiredAnti {
+			for i := range existing.RequiredAnti {
+				t := &existing.RequiredAnti[i]
+				if v, ok := n.Node.Labels[t.TopologyKey]; ok && t.Matches(pod, podNSLabels) {
+					s.existingAnti[topologyPair{t.TopologyKey, v}]++
+				}
+			}
+		}
+		if len(info.RequiredAffinity) == 0 && len(info.RequiredAnti) == 0 {
+			continue
+		}
+		for _, existing := range n.Pods {
+			nsLabels := state.NamespaceLabels(existing.Pod.Namespace)
+			if len(info.RequiredAffinity) > 0 && matchesAll(info.RequiredAffinity, existing.Pod, nsLabels) {
+				for _, t := range info.RequiredAffinity {
+					if v, ok := n.Node.Labels[t.TopologyKey]; ok {
+						s.affinity[topologyPair{t.TopologyKey, v}]++
+					}
+				}
+			}
+			for i := range info.RequiredAnti {
+				t := &info.RequiredAnti[i]
+				if v, ok := n.Node.Labels[t.TopologyKey]; ok && t.Matches(existing.Pod, nsLabels) {
+					s.anti[topologyPair{t.TopologyKey, v}]++
+				}
+			}
+		}
+	}
+	state.Write(p.Name(), s)
+	return nil
+}
+
+func matchesAll(terms []AffinityTerm, pod *corev1.Pod, nsLabels map[string]string) bool {
+	for i := range terms {
+		if !terms[i].Matches(pod, nsLabels) {
+			return false
+		}
+	}
+	return true
+}
+
+func (p interPodAffinity) Filter(_ context.Context, state *CycleState, pod *corev1.Pod, n *NodeInfo) *Status {
+	s := state.Read(p.Name()).(*interPodAffinityState)
+	labels := n.Node.Labels
+	for pair, count := range s.existingAnti {
+		if v, ok := labels[pair.key]; ok && v == pair.value && count > 0 {
+			return NewStatus(Unschedulable, "node(s) didn't satisfy existing pods anti-affinity rules")
+		}
+	}
+	for _, t := range state.PodInfo.RequiredAnti {
+		if v, ok := labels[t.TopologyKey]; ok && s.anti[topologyPair{t.TopologyKey, v}] > 0 {
+			return NewStatus(Unschedulable, "node(s) didn't match pod anti-affinity rules")
+		}
+	}
+	if terms := state.PodInfo.RequiredAffinity; len(terms) > 0 {
+		satisfied := true
+		for _, t := range terms {
+			v, ok := labels[t.TopologyKey]
+			if !ok || s.affinity[topologyPair{t.TopologyKey, v}] == 0 {
+				satisfied = false
+				break
+			}
+		}
+		// The first pod of a group that selects itself may go anywhere its topology keys exist; otherwise
+		// no pod of the group could ever start.
+		if !satisfied && len(s.affinity) == 0 && matchesAll(terms, pod, state.NamespaceLabels(pod.Namespace)) {
+			satisfied = true
+			for _, t := range terms {
+				if _, ok := labels[t.TopologyKey]; !ok {
+					satisfied = false
+				}
+			}
+		}
+		if !satisfied {
+			return NewStatus(UnschedulableAndUnresolvable, "node(s) didn't match pod affinity rules")
+		}
+	}
+	return nil
+}
+
+// PreScore sums, per topology domain, the weights of the preferred terms that pair the new pod with the
+// pods already there: the new pod's terms over existing pods, and existing pods' terms over the new pod
+// (required affinity counts with weight 1, as Kubernetes' hardPodAffinityWeight does).
+func (p interPodAffinity) PreScore(_ context.Context, state *CycleState, pod *corev1.Pod, nodes []*NodeInfo) *Status {
+	info := state.PodInfo
+	s, _ := state.Read(p.Name()).(*interPodAffinityState)
+	if s == nil {
+		s = &interPodAffinityState{}
+		state.Write(p.Name(), s)
+	}
+	s.scores = map[topologyPair]int64{}
+	hasOwnTerms := len(info.PreferredAff)+len(info.PreferredAnti) > 0
+	podNSLabels := state.NamespaceLabels(pod.Namespace)
+	add := func(n *NodeInfo, t *AffinityTerm, target *corev1.Pod, nsLabels map[string]string, weight int64) {
+		if v, ok := n.Node.Labels[t.TopologyKey]; ok && t.Matches(target, nsLabels) {
+			s.scores[topologyPair{t.TopologyKey, v}] += weight
+		}
+	}
+	for _, n := range nodes {
+		pods := n.PodsWithAffinity
+		if hasOwnTerms {
+			pods = n.Pods
+		}
+		for _, existing := range pods {
+			nsLabels := state.NamespaceLabels(existing.Pod.Namespace)
+			for i := range info.PreferredAff {
+				add(n, &info.PreferredAff[i], existing.Pod, nsLabels, int64(info.PreferredAff[i].Weight))
+			}
+			for i := range info.PreferredAnti {
+				add(n, &info.PreferredAnti[i], existing.Pod, nsLabels, -int64(info.PreferredAnti[i].Weight))
+			}
+			for i := range existing.PreferredAff {
+				add(n, &existing.PreferredAff[i], pod, podNSLabels, int64(existing.PreferredAff[i].Weight))
+			}
+			for i := range existing.PreferredAnti {
+				add(n, &existing.PreferredAnti[i], pod, podNSLabels, -int64(existing.PreferredAnti[i].Weight))
+			}
+			for i := range existing.RequiredAffinity {
+				add(n, &existing.RequiredAffinity[i], pod, podNSLabels, 1)
+			}
+		}
+	}
+	return nil
+}
+
+func (p interPodAffinity) Score(_ context.Context, state *CycleState, _ *corev1.Pod, n *NodeInfo) (int64, *Status) {
+	s := state.Read(p.Name()).(*interPodAffinityState)
+	var score int64
+	for pair, w := range s.scores {
+		if v, ok := n.Node.Labels[pair.key]; ok && v == pair.value {
+			score += w
+		}
+	}
+	return score, nil
+}
+
+func (interPodAffinity) NormalizeScore(_ context.Context, _ *CycleState, _ *corev1.Pod, scores []NodeScore) *Status {
+	minMaxNormalize(scores)
+	return nil
+}

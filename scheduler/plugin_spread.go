@@ -1,0 +1,167 @@
+package scheduler
+
+import (
+	"context"
+	"math"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
+	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+)
+
+// podTopologySpread keeps the skew of matching pods across topology domains within maxSkew: as a filter
+// for whenUnsatisfiable DoNotSchedule, as a score for ScheduleAnyway.
+type podTopologySpread struct{}
+
+func (podTopologySpread) Name() string { return "PodTopologySpread" }
+
+// spreadConstraint is a constraint with its selector resolved and the matching pods counted per domain.
+type spreadConstraint struct {
+	maxSkew     int32
+	topologyKey string
+	minDomains  int32
+	selector    labels.Selector
+	selfMatch   int
+	counts      map[string]int // domain value -> matching pods
+}
+
+type spreadState struct {
+	hard, soft []*spreadConstraint
+}
+
+func (p podTopologySpread) constraints(pod *corev1.Pod, when corev1.UnsatisfiableConstraintAction) []*spreadConstraint {
+	var out []*spreadConstraint
+	for _, c := range pod.Spec.TopologySpreadConstraints {
+		if c.WhenUnsatisfiable != when {
+			continue
+		}
+		sel := labels.Nothing()
+		if c.LabelSelector != nil {
+			if s, err := metav1.LabelSelectorAsSelector(c.LabelSelector); err == nil {
+				sel = s
+			}
+		}
+		for _, key := range c.MatchLabelKeys {
+			if v, ok := pod.Labels[key]; ok {
+				if r, err := labels.NewRequirement(key, selection.In, []string{v}); err == nil {
+					sel = sel.Add(*r)
+				}
+			}
+		}
+		sc := &spreadConstraint{maxSkew: c.MaxSkew, topologyKey: c.TopologyKey, selector: sel, counts: map[string]int{}, minDomains: 1}
+		if c.MinDomains != nil {
+			sc.minDomains = *c.MinDomains
+		}
+		if sel.Matches(labels.Set(pod.Labels)) {
+			sc.selfMatch = 1
+		}
+		out = append(out, sc)
+	}
+	return out
+}
+
+// count fills each constraint's per-domain counts over the nodes that the pod's node affinity allows and
+// that carry the constraint's key (nodeAffinityPolicy Honor, Kubernetes' default). Terminating pods do not
+// count.
+func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes []*NodeInfo) {
+	if len(cs) == 0 {
+		return
+	}
+	required := nodeaffinity.GetRequiredNodeAffinity(pod)
+	for _, n := range nodes {
+		if ok, err := required.Match(n.Node); !ok || err != nil {
+			continue
+		}
+		for _, c := range cs {
+			v, ok := n.Node.Labels[c.topologyKey]
+			if !ok {
+				continue
+			}
+			matched := c.counts[v] // registers the domain even when no pod matches
+			for _, existing := range n.Pods {
+				if existing.Pod.Namespace == pod.Namespace && existing.Pod.DeletionTimestamp == nil &&
+					c.selector.Matches(labels.Set(existing.Pod.Labels)) {
+					matched++
+				}
+			}
+			c.counts[v] = matched
+		}
+	}
+}
+
+func (p podTopologySpread) PreFilter(_ context.Context, state *CycleState, pod *corev1.Pod, nodes []*NodeInfo) *Status {
+	s := &spreadState{hard: p.constraints(pod, corev1.DoNotSchedule)}
+	p.count(pod, s.hard, nodes)
+	state.Write(p.Name(), s)
+	return nil
+}
+
+func (p podTopologySpread) Filter(_ context.Context, state *CycleState, _ *corev1.Pod, n *NodeInfo) *Status {
+	s := state.Read(p.Name()).(*spreadState)
+	for _, c := range s.hard {
+		v, ok := n.Node.Labels[c.topologyKey]
+		if !ok {
+			return NewStatus(UnschedulableAndUnresolvable, "node(s) didn't match pod topology spread constraints (missing required label)")
+		}
+		minMatch := 0
+		if int32(len(c.counts)) >= c.minDomains {
+			minMatch = math.MaxInt
+			for _, count := range c.counts {
+				minMatch = min(minMatch, count)
+			}
+		}
+		if c.counts[v]+c.selfMatch-minMatch > int(c.maxSkew) {
+			return NewStatus(Unschedulable, "node(s) didn't match pod topology spread constraints")
+		}
+	}
+	return nil
+}
+
+// PreScore counts matching pods per domain for the ScheduleAnyway constraints.
+func (p podTopologySpread) PreScore(_ context.Context, state *CycleState, pod *corev1.Pod, _ []*NodeInfo) *Status {
+	s, _ := state.Read(p.Name()).(*spreadState)
+	if s == nil {
+		s = &spreadState{}
+		state.Write(p.Name(), s)
+	}
+	s.soft = p.constraints(pod, corev1.ScheduleAnyway)
+	p.count(pod, s.soft, state.allNodes)
+	return nil
+}
+
+// Score is the number of matching pods in the node's domains, each constraint weighted by the log of its
+// domain count so that spreading over many zones outweighs spreading over few; fewer is better.
+func (p podTopologySpread) Score(_ context.Context, state *CycleState, _ *corev1.Pod, n *NodeInfo) (int64, *Status) {
+	s := state.Read(p.Name()).(*spreadState)
+	var score float64
+	for _, c := range s.soft {
+		v, ok := n.Node.Labels[c.topologyKey]
+		if !ok {
+			return -1, nil // marked: lowest after normalization
+		}
+		score += float64(c.counts[v]+c.selfMatch) * math.Log(float64(len(c.counts)+2))
+	}
+	return int64(math.Round(score)), nil
+}
+
+func (podTopologySpread) NormalizeScore(_ context.Context, _ *CycleState, _ *corev1.Pod, scores []NodeScore) *Status {
+	var lo, hi int64 = math.MaxInt64, 0
+	for _, s := range scores {
+		if s.Score >= 0 {
+			lo, hi = min(lo, s.Score), max(hi, s.Score)
+		}
+	}
+	for i := range scores {
+		switch {
+		case scores[i].Score < 0:
+			scores[i].Score = 0
+		case hi == lo:
+			scores[i].Score = MaxNodeScore
+		default:
+			scores[i].Score = MaxNodeScore * (hi - scores[i].Score) / (hi - lo)
+		}
+	}
+	return nil
+}
