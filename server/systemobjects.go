@@ -16,8 +16,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/skiff-dev/skiff/controller"
-	"github.com/skiff-dev/skiff/scheduler"
 	"github.com/skiff-dev/skiff/gossip"
+	"github.com/skiff-dev/skiff/scheduler"
 )
 
 // systemNamespaces exist in every cluster, as in Kubernetes.
