@@ -130,8 +130,8 @@ func New(c Config) (*Server, error) {
 	return &Server{generic: generic}, nil
 }
 
-// admissionChain runs the admission plugins of this issue: NamespaceLifecycle, from the library. Skiff's
-// defaulting runs in each kind's strategy. A later issue adds ServiceAccount, LimitRanger, quota and
+// admissionChain runs the admission plugins: NamespaceLifecycle, from the library, and Priority, which
+// resolves a pod's priorityClassName. Skiff's defaulting runs in each kind's strategy. A later issue adds ServiceAccount, LimitRanger, quota and
 // PodSecurity here.
 func admissionChain(client kubernetes.Interface, factory informers.SharedInformerFactory) (admission.Interface, error) {
 	nl, err := lifecycle.NewLifecycle(sets.New(metav1.NamespaceDefault, metav1.NamespaceSystem, metav1.NamespacePublic))
@@ -143,7 +143,7 @@ func admissionChain(client kubernetes.Interface, factory informers.SharedInforme
 	if err := nl.ValidateInitialization(); err != nil {
 		return nil, err
 	}
-	return admission.NewChainHandler(nl), nil
+	return admission.NewChainHandler(nl, newPriorityAdmission(factory)), nil
 }
 
 // installAPIs installs every kind of the registry table, grouped by API group.

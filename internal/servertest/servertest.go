@@ -1,0 +1,116 @@
+// Package servertest starts in-process Skiff servers (Raft, gossip and the Kubernetes API, on loopback
+// ports) for integration tests, and hands back clients for their API. Everything it starts is shut down
+// and its directories removed when the test ends.
+package servertest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/server"
+)
+
+// Peer is one running server.
+type Peer struct {
+	Server *server.Server
+	// Config is a rest config for the peer's API with the admin credential and no client-side rate limit.
+	Config *rest.Config
+	Client kubernetes.Interface
+}
+
+// Start starts n servers that bootstrap one cluster with fast Raft timeouts, and waits until each serves
+// the Kubernetes API.
+func Start(t testing.TB, n int) []*Peer {
+	t.Helper()
+	ip := "127.0.0.1"
+	var files []*config.ServerFile
+	var joins []string
+	for i := 0; i < n; i++ {
+		gossip := freePort(t, ip)
+		f := &config.ServerFile{
+			Name: ptr(fmt.Sprintf("cp-%d", i)), DataDir: ptr(t.TempDir()), BindAddr: &ip, LogLevel: ptr("warn"),
+			Ports: &config.PortsBlock{API: ptr(freePort(t, ip)), Raft: ptr(freePort(t, ip)), Gossip: &gossip},
+			Server: &config.ServerBlock{
+				BootstrapExpect: &n, RetryInterval: ptr("100ms"),
+				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("200ms"), ElectionTimeout: ptr("200ms"), LeaderLeaseTimeout: ptr("100ms")},
+			},
+		}
+		files = append(files, f)
+		joins = append(joins, fmt.Sprintf("%s:%d", ip, gossip))
+	}
+	var peers []*Peer
+	for _, f := range files {
+		cfg, err := config.LoadServer("", f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.RetryJoin = joins
+		logger := hclog.New(&hclog.LoggerOptions{Name: cfg.Name, Level: hclog.Warn, Output: testLog{t}})
+		srv, err := server.New(cfg, logger, server.Options{LocalGossip: true})
+		if err != nil {
+			t.Fatalf("starting %s: %v", cfg.Name, err)
+		}
+		t.Cleanup(srv.Shutdown)
+		peers = append(peers, &Peer{Server: srv})
+	}
+	for _, p := range peers {
+		p.Config, p.Client = waitForAPI(t, p.Server.KubeconfigPath())
+	}
+	return peers
+}
+
+func waitForAPI(t testing.TB, kubeconfig string) (*rest.Config, kubernetes.Interface) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	var lastErr error
+	for time.Now().Before(deadline) {
+		if _, err := os.Stat(kubeconfig); err != nil {
+			lastErr = err
+			time.Sleep(100 * time.Millisecond)
+			continue
+		}
+		cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.QPS, cfg.Burst = -1, 0
+		client := kubernetes.NewForConfigOrDie(cfg)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, lastErr = client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+		cancel()
+		if lastErr == nil {
+			return cfg, client
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("API at %s not ready: %v", kubeconfig, lastErr)
+	return nil, nil
+}
+
+func freePort(t testing.TB, ip string) int {
+	t.Helper()
+	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func ptr[T any](v T) *T { return &v }
+
+// testLog sends server logs to the test's log, shown when it fails.
+type testLog struct{ t testing.TB }
+
+func (l testLog) Write(b []byte) (int, error) { l.t.Logf("%s", b); return len(b), nil }
