@@ -58,7 +58,6 @@ type Queue struct {
 	cycle, moveCycle int64
 	priority         func(*corev1.Pod) int32
 	now              func() time.Time
-	closed           bool
 }
 
 // NewQueue returns an empty queue; priority gives a pod's priority.
@@ -127,18 +126,17 @@ func (q *Queue) Delete(pod *corev1.Pod) {
 // Pop waits for the next pod to schedule; it returns nil once ctx ends.
 func (q *Queue) Pop(ctx context.Context) *queuedPod {
 	stop := context.AfterFunc(ctx, func() {
-		q.mu.Lock()
-		q.closed = true
+		q.mu.Lock() // taken so that the wake-up cannot fall between a waiter's check and its Wait
 		q.mu.Unlock()
 		q.cond.Broadcast()
 	})
 	defer stop()
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	for len(q.active) == 0 && !q.closed {
+	for len(q.active) == 0 && ctx.Err() == nil {
 		q.cond.Wait()
 	}
-	if q.closed {
+	if ctx.Err() != nil {
 		return nil
 	}
 	qp := heap.Pop(&q.active).(*queuedPod)
