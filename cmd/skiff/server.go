@@ -64,8 +64,11 @@ func serverFlags(fs *flag.FlagSet) (configPath *string, build func() *config.Ser
 	}
 }
 
+// newLogger builds the process's logger and routes the Kubernetes libraries' klog output through it.
 func newLogger(level string, json bool) hclog.Logger {
-	return hclog.New(&hclog.LoggerOptions{Name: "skiff", Level: hclog.LevelFromString(level), JSONFormat: json, Output: os.Stderr})
+	logger := hclog.New(&hclog.LoggerOptions{Name: "skiff", Level: hclog.LevelFromString(level), JSONFormat: json, Output: os.Stderr})
+	server.RouteKlog(logger)
+	return logger
 }
 
 func runServer(args []string) int {
