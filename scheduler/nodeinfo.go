@@ -121,7 +121,15 @@ func NewPodInfo(pod *corev1.Pod) *PodInfo {
 		Requests:        resourceFromList(resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})),
 		NonZeroRequests: resourceFromList(resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{NonMissingContainerRequests: nonZeroDefaults})),
 	}
-	for _, c := range append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+	// Host ports of app containers and of sidecars (restartable init containers); ordinary init containers
+	// have exited before the app starts, so theirs are free again.
+	containers := append([]corev1.Container{}, pod.Spec.Containers...)
+	for _, c := range pod.Spec.InitContainers {
+		if c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways {
+			containers = append(containers, c)
+		}
+	}
+	for _, c := range containers {
 		for _, port := range c.Ports {
 			if port.HostPort <= 0 {
 				continue
@@ -325,14 +333,15 @@ func (n *NodeInfo) portInUse(want hostPort) bool {
 // normalizeImage turns "busybox" into "docker.io/library/busybox:latest", as container runtimes name
 // images, so that pod images and node images compare.
 func normalizeImage(name string) string {
-	if i := strings.IndexByte(name, '@'); i >= 0 {
-		return name // a digest is already exact
-	}
+	name, digest, hasDigest := strings.Cut(name, "@")
 	first, _, hasSlash := strings.Cut(name, "/")
 	if !hasSlash {
 		name = "docker.io/library/" + name
 	} else if !strings.ContainsAny(first, ".:") && first != "localhost" {
 		name = "docker.io/" + name
+	}
+	if hasDigest {
+		return name + "@" + digest // a digest names the image exactly; no tag is implied
 	}
 	lastSlash := strings.LastIndexByte(name, '/')
 	if !strings.Contains(name[lastSlash+1:], ":") {

@@ -113,10 +113,10 @@ func (p interPodAffinity) Filter(_ context.Context, state *CycleState, pod *core
 }
 
 // PreScore sums, per topology domain, the weights of the preferred terms that pair the new pod with the
-// pods already there: the new pod's terms over existing pods, and existing pods' terms over the new pod
+// pods already there, on every node (a domain holds its pods whether or not their nodes are feasible): the new pod's terms over existing pods, and existing pods' terms over the new pod
 // (required affinity counts with weight 1, as Kubernetes' hardPodAffinityWeight does).
-func (p interPodAffinity) PreScore(_ context.Context, state *CycleState, pod *corev1.Pod, nodes []*NodeInfo) *Status {
-	info := state.PodInfo
+func (p interPodAffinity) PreScore(_ context.Context, state *CycleState, pod *corev1.Pod, _ []*NodeInfo) *Status {
+	info, nodes := state.PodInfo, state.allNodes
 	s, _ := state.Read(p.Name()).(*interPodAffinityState)
 	if s == nil {
 		s = &interPodAffinityState{}

@@ -3,6 +3,7 @@ package scheduler
 import (
 	"context"
 	"errors"
+	"math"
 	"sort"
 
 	corev1 "k8s.io/api/core/v1"
@@ -87,7 +88,8 @@ func (s *Scheduler) victimsOn(ctx context.Context, info *PodInfo, priority int32
 		if pi != pj {
 			return pi > pj
 		}
-		return removed[j].Pod.CreationTimestamp.Before(&removed[i].Pod.CreationTimestamp) // newer ones leave first
+		// Older pods are put back first, so that among equals the newer ones leave.
+		return removed[i].Pod.CreationTimestamp.Before(&removed[j].Pod.CreationTimestamp)
 	})
 	c := &preemptionCandidate{node: n.Name()}
 	for _, p := range removed {
@@ -123,10 +125,12 @@ func (s *Scheduler) fitsOn(ctx context.Context, info *PodInfo, trial *NodeInfo, 
 // victim priorities, then the fewest victims.
 func (s *Scheduler) better(a, b *preemptionCandidate) bool {
 	stats := func(c *preemptionCandidate) (highest int32, sum int64) {
-		highest = -1 << 31
+		highest = math.MinInt32
 		for _, v := range c.victims {
 			p := s.podPriority(v.Pod)
-			highest, sum = max(highest, p), sum+int64(p)
+			// Offset to positive, as Kubernetes does, so that more victims of negative priority never
+			// add up to less.
+			highest, sum = max(highest, p), sum+int64(p)+math.MaxInt32+1
 		}
 		return highest, sum
 	}
