@@ -1406,6 +1406,8 @@ func TestNormalizeImage(t *testing.T) {
 		{"quay.io/x/y:1", "quay.io/x/y:1"},
 		{"quay.io/x/y", "quay.io/x/y:latest"},
 		{"docker.io/library/nginx@sha256:abc", "docker.io/library/nginx@sha256:abc"},
+		{"nginx@sha256:abc", "docker.io/library/nginx@sha256:abc"},
+		{"registry.local:5000/app@sha256:abc", "registry.local:5000/app@sha256:abc"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.in, func(t *testing.T) {
