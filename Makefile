@@ -21,7 +21,7 @@ lint:
 # The full test suite: lint, unit and cluster tests with the race detector, process-level tests against the
 # built binary, and a short smoke of the chaos and benchmark suites.
 test: setup build lint
-	$(GO) test -race -count=1 -timeout 15m ./fsm/... ./raftnode/... ./config/... ./gossip/... ./server/... ./apiserver/...
+	$(GO) test -race -count=1 -timeout 15m ./fsm/... ./raftnode/... ./config/... ./gossip/... ./server/... ./apiserver/... ./scheduler/...
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 10m ./e2e/...
 	$(MAKE) --no-print-directory smoke
 
@@ -29,6 +29,8 @@ smoke:
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Write' -benchtime 300x -timeout 10m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Failover' -benchtime 2x -timeout 10m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'API' -benchtime 200x -timeout 10m ./bench/ -args -api.list-pods=300 -api.watchers=30
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Scheduler' -benchtime 1x -timeout 10m ./bench/ -args -sched.nodes=200 -sched.pods=300 -sched.affinity-pods=100
+	$(GO) test -count=1 -run '^$$' -bench 'CacheMemory' -benchtime 1x -timeout 10m ./scheduler/ -args -mem.nodes=500 -mem.pods=5000
 
 # Full benchmarks; docs/BENCHMARKS.md records their figures and these commands.
 bench: setup build
@@ -36,6 +38,8 @@ bench: setup build
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Write' -benchtime 20000x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Failover' -benchtime 20x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'API' -benchtime 10000x -timeout 30m ./bench/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Scheduler' -benchtime 1x -timeout 30m ./bench/
+	$(GO) test -count=1 -run '^$$' -bench 'CacheMemory' -benchtime 1x -timeout 30m ./scheduler/
 
 # Longer fault suites: many chaos rounds and many randomized bootstrap start orders.
 chaos: setup build

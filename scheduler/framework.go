@@ -121,7 +121,17 @@ func NewCycleState(info *PodInfo, nsLabels func(string) labels.Set) *CycleState 
 	if nsLabels == nil {
 		nsLabels = func(string) labels.Set { return nil }
 	}
-	return &CycleState{PodInfo: info, NamespaceLabels: nsLabels, data: map[string]any{}}
+	// Affinity plugins ask for the labels of every existing pod's namespace; remember them for the cycle.
+	memo := map[string]labels.Set{}
+	memoized := func(ns string) labels.Set {
+		l, ok := memo[ns]
+		if !ok {
+			l = nsLabels(ns)
+			memo[ns] = l
+		}
+		return l
+	}
+	return &CycleState{PodInfo: info, NamespaceLabels: memoized, data: map[string]any{}}
 }
 
 // Write stores a plugin's value.

@@ -93,9 +93,10 @@ type AffinityTerm struct {
 	Weight            int32 // for preferred terms
 }
 
-// Matches reports whether the term selects the pod, given the labels of the pod's namespace.
-func (t *AffinityTerm) Matches(pod *corev1.Pod, nsLabels labels.Set) bool {
-	if !t.Namespaces.Has(pod.Namespace) && (t.NamespaceSelector == nil || !t.NamespaceSelector.Matches(nsLabels)) {
+// Matches reports whether the term selects the pod; nsLabels gives a namespace's labels, looked up only
+// for a term with a namespace selector.
+func (t *AffinityTerm) Matches(pod *corev1.Pod, nsLabels func(string) labels.Set) bool {
+	if !t.Namespaces.Has(pod.Namespace) && (t.NamespaceSelector == nil || !t.NamespaceSelector.Matches(nsLabels(pod.Namespace))) {
 		return false
 	}
 	return t.Selector.Matches(labels.Set(pod.Labels))
@@ -104,6 +105,7 @@ func (t *AffinityTerm) Matches(pod *corev1.Pod, nsLabels labels.Set) bool {
 // PodInfo is a pod with what scheduling needs from it computed once.
 type PodInfo struct {
 	Pod              *corev1.Pod
+	Images           []string // normalized, of init and app containers
 	Requests         Resource
 	NonZeroRequests  Resource
 	HostPorts        []hostPort
@@ -144,6 +146,9 @@ func NewPodInfo(pod *corev1.Pod) *PodInfo {
 			}
 			p.HostPorts = append(p.HostPorts, hostPort{IP: ip, Protocol: proto, Port: port.HostPort})
 		}
+	}
+	for _, c := range append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...) {
+		p.Images = append(p.Images, normalizeImage(c.Image))
 	}
 	if a := pod.Spec.Affinity; a != nil {
 		if a.PodAffinity != nil {

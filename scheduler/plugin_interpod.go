@@ -4,6 +4,7 @@ import (
 	"context"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
 )
 
 // interPodAffinity applies required pod affinity and anti-affinity across topology domains, including the
@@ -18,10 +19,11 @@ type topologyPair struct{ key, value string }
 type interPodAffinityState struct {
 	// existingAnti counts, per domain, existing pods whose required anti-affinity selects the new pod.
 	existingAnti map[topologyPair]int
-	// affinity counts, per domain and term of the new pod, existing pods that match all its affinity terms.
+	// affinity counts, per domain of each term of the new pod, existing pods that match all its affinity
+	// terms; anti counts, per domain, existing pods that a required anti-affinity term of the new pod
+	// selects. Filter only asks whether a count is above zero, so counting may stop once it is.
 	affinity map[topologyPair]int
-	// anti counts, per domain, existing pods that a required anti-affinity term of the new pod selects.
-	anti map[topologyPair]int
+	anti     map[topologyPair]int
 	// scores sums, per domain, the preferred-term weights for PreScore.
 	scores map[topologyPair]int64
 }
@@ -29,13 +31,12 @@ type interPodAffinityState struct {
 func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *corev1.Pod, nodes []*NodeInfo) *Status {
 	info := state.PodInfo
 	s := &interPodAffinityState{existingAnti: map[topologyPair]int{}, affinity: map[topologyPair]int{}, anti: map[topologyPair]int{}}
-	podNSLabels := state.NamespaceLabels(pod.Namespace)
 	for _, n := range nodes {
 		// Symmetry: only the pods with required anti-affinity need a look.
 		for _, existing := range n.PodsWithRequiredAnti {
 			for i := range existing.RequiredAnti {
 				t := &existing.RequiredAnti[i]
-				if v, ok := n.Node.Labels[t.TopologyKey]; ok && t.Matches(pod, podNSLabels) {
+				if v, ok := n.Node.Labels[t.TopologyKey]; ok && t.Matches(pod, state.NamespaceLabels) {
 					s.existingAnti[topologyPair{t.TopologyKey, v}]++
 				}
 			}
@@ -43,19 +44,41 @@ func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *c
 		if len(info.RequiredAffinity) == 0 && len(info.RequiredAnti) == 0 {
 			continue
 		}
+		// Filter asks only whether a domain holds a matching pod, so a domain already known to hold one
+		// needs no more matching: with zone-wide terms most nodes are skipped.
+		affinityPairs := make([]topologyPair, 0, len(info.RequiredAffinity))
+		affinityNeeded := len(info.RequiredAffinity) > 0
+		for _, t := range info.RequiredAffinity {
+			v, ok := n.Node.Labels[t.TopologyKey]
+			affinityNeeded = affinityNeeded && ok
+			affinityPairs = append(affinityPairs, topologyPair{t.TopologyKey, v})
+		}
+		if affinityNeeded {
+			affinityNeeded = false
+			for _, pair := range affinityPairs {
+				affinityNeeded = affinityNeeded || s.affinity[pair] == 0
+			}
+		}
+		var antiTerms []*AffinityTerm
+		var antiPairs []topologyPair
+		for i := range info.RequiredAnti {
+			t := &info.RequiredAnti[i]
+			if v, ok := n.Node.Labels[t.TopologyKey]; ok && s.anti[topologyPair{t.TopologyKey, v}] == 0 {
+				antiTerms, antiPairs = append(antiTerms, t), append(antiPairs, topologyPair{t.TopologyKey, v})
+			}
+		}
+		if !affinityNeeded && len(antiTerms) == 0 {
+			continue
+		}
 		for _, existing := range n.Pods {
-			nsLabels := state.NamespaceLabels(existing.Pod.Namespace)
-			if len(info.RequiredAffinity) > 0 && matchesAll(info.RequiredAffinity, existing.Pod, nsLabels) {
-				for _, t := range info.RequiredAffinity {
-					if v, ok := n.Node.Labels[t.TopologyKey]; ok {
-						s.affinity[topologyPair{t.TopologyKey, v}]++
-					}
+			if affinityNeeded && matchesAll(info.RequiredAffinity, existing.Pod, state.NamespaceLabels) {
+				for _, pair := range affinityPairs {
+					s.affinity[pair]++
 				}
 			}
-			for i := range info.RequiredAnti {
-				t := &info.RequiredAnti[i]
-				if v, ok := n.Node.Labels[t.TopologyKey]; ok && t.Matches(existing.Pod, nsLabels) {
-					s.anti[topologyPair{t.TopologyKey, v}]++
+			for i, t := range antiTerms {
+				if t.Matches(existing.Pod, state.NamespaceLabels) {
+					s.anti[antiPairs[i]]++
 				}
 			}
 		}
@@ -64,7 +87,7 @@ func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *c
 	return nil
 }
 
-func matchesAll(terms []AffinityTerm, pod *corev1.Pod, nsLabels map[string]string) bool {
+func matchesAll(terms []AffinityTerm, pod *corev1.Pod, nsLabels func(string) labels.Set) bool {
 	for i := range terms {
 		if !terms[i].Matches(pod, nsLabels) {
 			return false
@@ -97,7 +120,7 @@ func (p interPodAffinity) Filter(_ context.Context, state *CycleState, pod *core
 		}
 		// The first pod of a group that selects itself may go anywhere its topology keys exist; otherwise
 		// no pod of the group could ever start.
-		if !satisfied && len(s.affinity) == 0 && matchesAll(terms, pod, state.NamespaceLabels(pod.Namespace)) {
+		if !satisfied && len(s.affinity) == 0 && matchesAll(terms, pod, state.NamespaceLabels) {
 			satisfied = true
 			for _, t := range terms {
 				if _, ok := labels[t.TopologyKey]; !ok {
@@ -124,9 +147,8 @@ func (p interPodAffinity) PreScore(_ context.Context, state *CycleState, pod *co
 	}
 	s.scores = map[topologyPair]int64{}
 	hasOwnTerms := len(info.PreferredAff)+len(info.PreferredAnti) > 0
-	podNSLabels := state.NamespaceLabels(pod.Namespace)
-	add := func(n *NodeInfo, t *AffinityTerm, target *corev1.Pod, nsLabels map[string]string, weight int64) {
-		if v, ok := n.Node.Labels[t.TopologyKey]; ok && t.Matches(target, nsLabels) {
+	add := func(n *NodeInfo, t *AffinityTerm, target *corev1.Pod, weight int64) {
+		if v, ok := n.Node.Labels[t.TopologyKey]; ok && t.Matches(target, state.NamespaceLabels) {
 			s.scores[topologyPair{t.TopologyKey, v}] += weight
 		}
 	}
@@ -136,21 +158,20 @@ func (p interPodAffinity) PreScore(_ context.Context, state *CycleState, pod *co
 			pods = n.Pods
 		}
 		for _, existing := range pods {
-			nsLabels := state.NamespaceLabels(existing.Pod.Namespace)
 			for i := range info.PreferredAff {
-				add(n, &info.PreferredAff[i], existing.Pod, nsLabels, int64(info.PreferredAff[i].Weight))
+				add(n, &info.PreferredAff[i], existing.Pod, int64(info.PreferredAff[i].Weight))
 			}
 			for i := range info.PreferredAnti {
-				add(n, &info.PreferredAnti[i], existing.Pod, nsLabels, -int64(info.PreferredAnti[i].Weight))
+				add(n, &info.PreferredAnti[i], existing.Pod, -int64(info.PreferredAnti[i].Weight))
 			}
 			for i := range existing.PreferredAff {
-				add(n, &existing.PreferredAff[i], pod, podNSLabels, int64(existing.PreferredAff[i].Weight))
+				add(n, &existing.PreferredAff[i], pod, int64(existing.PreferredAff[i].Weight))
 			}
 			for i := range existing.PreferredAnti {
-				add(n, &existing.PreferredAnti[i], pod, podNSLabels, -int64(existing.PreferredAnti[i].Weight))
+				add(n, &existing.PreferredAnti[i], pod, -int64(existing.PreferredAnti[i].Weight))
 			}
 			for i := range existing.RequiredAffinity {
-				add(n, &existing.RequiredAffinity[i], pod, podNSLabels, 1)
+				add(n, &existing.RequiredAffinity[i], pod, 1)
 			}
 		}
 	}

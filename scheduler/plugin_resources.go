@@ -97,19 +97,17 @@ const (
 	imageMaxContainerThreshold = 1000 * 1024 * 1024 // above this per container, the score saturates
 )
 
-func (imageLocality) Score(_ context.Context, state *CycleState, pod *corev1.Pod, n *NodeInfo) (int64, *Status) {
+func (imageLocality) Score(_ context.Context, state *CycleState, _ *corev1.Pod, n *NodeInfo) (int64, *Status) {
 	if state.NodeCount == 0 {
 		return 0, nil
 	}
 	var sum int64
-	containers := append(append([]corev1.Container{}, pod.Spec.InitContainers...), pod.Spec.Containers...)
-	for _, c := range containers {
-		name := normalizeImage(c.Image)
+	for _, name := range state.PodInfo.Images {
 		if size, ok := n.images[name]; ok {
 			sum += int64(float64(size) * float64(state.ImageNodes[name]) / float64(state.NodeCount))
 		}
 	}
-	maxThreshold := int64(imageMaxContainerThreshold * len(containers))
+	maxThreshold := int64(imageMaxContainerThreshold * len(state.PodInfo.Images))
 	switch {
 	case sum < imageMinThreshold:
 		return 0, nil

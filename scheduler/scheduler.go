@@ -14,6 +14,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -126,7 +127,9 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	defer broadcaster.Shutdown()
 	s.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: SchedulerName})
 
-	factory := informers.NewSharedInformerFactory(s.client, 0)
+	// Managed fields are for apply; the scheduler never reads them, and at 50,000 pods they would be most
+	// of its memory.
+	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(stripManagedFields))
 	s.namespaces = factory.Core().V1().Namespaces().Lister()
 	s.priorityClasses = factory.Scheduling().V1().PriorityClasses().Lister()
 	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -175,6 +178,14 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 	s.inflight.Wait()
 	return nil
+}
+
+// stripManagedFields drops managed fields from the objects the informers store.
+func stripManagedFields(obj any) (any, error) {
+	if m, err := meta.Accessor(obj); err == nil {
+		m.SetManagedFields(nil)
+	}
+	return obj, nil
 }
 
 func unwrap[T any](obj any) (T, bool) {

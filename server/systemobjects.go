@@ -191,6 +191,9 @@ func (s *Server) adminRESTConfig(ctx context.Context) (*rest.Config, error) {
 			cfg.QPS, cfg.Burst = 200, 400
 			// Compressing responses the peer sends to itself only costs CPU.
 			cfg.DisableCompression = true
+			// The system-objects service keeps the core v1 Endpoints of the kubernetes Service, as
+			// kube-apiserver does; the API's deprecation warning for it would fill the log every sync.
+			cfg.WarningHandler = rest.NoWarnings{}
 			return cfg, nil
 		}
 		if !sleepCtx(ctx, 200*time.Millisecond) {
