@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"context"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -19,6 +20,9 @@ type topologyPair struct{ key, value string }
 type interPodAffinityState struct {
 	// existingAnti counts, per domain, existing pods whose required anti-affinity selects the new pod.
 	existingAnti map[topologyPair]int
+	// existingAntiKeys are the topology keys in existingAnti, so Filter looks up a node's few domains
+	// instead of walking every pair.
+	existingAntiKeys []string
 	// affinity counts, per domain of each term of the new pod, existing pods that match all its affinity
 	// terms; anti counts, per domain, existing pods that a required anti-affinity term of the new pod
 	// selects. Filter only asks whether a count is above zero, so counting may stop once it is.
@@ -31,6 +35,9 @@ type interPodAffinityState struct {
 func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *corev1.Pod, nodes []*NodeInfo) *Status {
 	info := state.PodInfo
 	s := &interPodAffinityState{existingAnti: map[topologyPair]int{}, affinity: map[topologyPair]int{}, anti: map[topologyPair]int{}}
+	// Scratch space reused from node to node.
+	var affinityPairs, antiPairs []topologyPair
+	var antiTerms []*AffinityTerm
 	for _, n := range nodes {
 		// Symmetry: only the pods with required anti-affinity need a look.
 		for _, existing := range n.PodsWithRequiredAnti {
@@ -38,6 +45,9 @@ func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *c
 				t := &existing.RequiredAnti[i]
 				if v, ok := n.Node.Labels[t.TopologyKey]; ok && t.Matches(pod, state.NamespaceLabels) {
 					s.existingAnti[topologyPair{t.TopologyKey, v}]++
+					if !slices.Contains(s.existingAntiKeys, t.TopologyKey) {
+						s.existingAntiKeys = append(s.existingAntiKeys, t.TopologyKey)
+					}
 				}
 			}
 		}
@@ -46,7 +56,10 @@ func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *c
 		}
 		// Filter asks only whether a domain holds a matching pod, so a domain already known to hold one
 		// needs no more matching: with zone-wide terms most nodes are skipped.
-		affinityPairs := make([]topologyPair, 0, len(info.RequiredAffinity))
+		if len(n.Pods) == 0 {
+			continue // nothing to count here
+		}
+		affinityPairs = affinityPairs[:0]
 		affinityNeeded := len(info.RequiredAffinity) > 0
 		for _, t := range info.RequiredAffinity {
 			v, ok := n.Node.Labels[t.TopologyKey]
@@ -59,8 +72,7 @@ func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *c
 				affinityNeeded = affinityNeeded || s.affinity[pair] == 0
 			}
 		}
-		var antiTerms []*AffinityTerm
-		var antiPairs []topologyPair
+		antiTerms, antiPairs = antiTerms[:0], antiPairs[:0]
 		for i := range info.RequiredAnti {
 			t := &info.RequiredAnti[i]
 			if v, ok := n.Node.Labels[t.TopologyKey]; ok && s.anti[topologyPair{t.TopologyKey, v}] == 0 {
@@ -99,8 +111,8 @@ func matchesAll(terms []AffinityTerm, pod *corev1.Pod, nsLabels func(string) lab
 func (p interPodAffinity) Filter(_ context.Context, state *CycleState, pod *corev1.Pod, n *NodeInfo) *Status {
 	s := state.Read(p.Name()).(*interPodAffinityState)
 	labels := n.Node.Labels
-	for pair, count := range s.existingAnti {
-		if v, ok := labels[pair.key]; ok && v == pair.value && count > 0 {
+	for _, key := range s.existingAntiKeys {
+		if v, ok := labels[key]; ok && s.existingAnti[topologyPair{key, v}] > 0 {
 			return NewStatus(Unschedulable, "node(s) didn't satisfy existing pods anti-affinity rules")
 		}
 	}
