@@ -39,7 +39,7 @@ bench: setup build
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Failover' -benchtime 20x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'API' -benchtime 10000x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Scheduler' -benchtime 1x -timeout 30m ./bench/
-	$(GO) test -count=1 -run '^$$' -bench 'CacheMemory' -benchtime 1x -timeout 30m ./scheduler/
+	$(GO) test -count=1 -run '^$$' -bench 'CacheMemory|Decide' -timeout 30m ./scheduler/
 
 # Longer fault suites: many chaos rounds and many randomized bootstrap start orders.
 chaos: setup build
