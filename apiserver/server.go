@@ -46,6 +46,9 @@ type Config struct {
 	ServiceCIDR string
 	// EventTTL is how long Events live; one hour when zero.
 	EventTTL time.Duration
+	// MaxRequestsInFlight and MaxMutatingRequestsInFlight bound the reads and writes served at once (429
+	// beyond); the library's defaults (400 and 200) when zero.
+	MaxRequestsInFlight, MaxMutatingRequestsInFlight int
 }
 
 // Server is a running Kubernetes API on one peer.
@@ -58,6 +61,12 @@ type Server struct {
 func New(c Config) (*Server, error) {
 	cfg := genericapiserver.NewRecommendedConfig(Codecs)
 	cfg.EffectiveVersion = basecompatibility.NewEffectiveVersionFromString(KubernetesVersion, "", "")
+	if c.MaxRequestsInFlight > 0 {
+		cfg.MaxRequestsInFlight = c.MaxRequestsInFlight
+	}
+	if c.MaxMutatingRequestsInFlight > 0 {
+		cfg.MaxMutatingRequestsInFlight = c.MaxMutatingRequestsInFlight
+	}
 	namer := openapinamer.NewDefinitionNamer(Scheme)
 	cfg.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(openapi.GetOpenAPIDefinitions, namer)
 	cfg.OpenAPIConfig.Info.Title = "Skiff"

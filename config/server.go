@@ -33,14 +33,17 @@ type PortsBlock struct {
 
 // ServerBlock is `server { ... }`.
 type ServerBlock struct {
-	Enabled         *bool      `hcl:"enabled,optional"`
-	BootstrapExpect *int       `hcl:"bootstrap_expect,optional"`
-	RetryJoin       []string   `hcl:"retry_join,optional"`
-	RetryInterval   *string    `hcl:"retry_interval,optional"`
-	ServiceCIDR     *string    `hcl:"service_cidr,optional"`
-	EventTTL        *string    `hcl:"event_ttl,optional"`
-	Raft            *RaftBlock `hcl:"raft,block"`
-	WatchHistory    *HistBlock `hcl:"watch_history,block"`
+	Enabled         *bool    `hcl:"enabled,optional"`
+	BootstrapExpect *int     `hcl:"bootstrap_expect,optional"`
+	RetryJoin       []string `hcl:"retry_join,optional"`
+	RetryInterval   *string  `hcl:"retry_interval,optional"`
+	ServiceCIDR     *string  `hcl:"service_cidr,optional"`
+	EventTTL        *string  `hcl:"event_ttl,optional"`
+	// The API answers 429 with Retry-After beyond these many requests in flight, as kube-apiserver does.
+	MaxRequestsInFlight         *int       `hcl:"max_requests_in_flight,optional"`
+	MaxMutatingRequestsInFlight *int       `hcl:"max_mutating_requests_in_flight,optional"`
+	Raft                        *RaftBlock `hcl:"raft,block"`
+	WatchHistory                *HistBlock `hcl:"watch_history,block"`
 }
 
 // RaftBlock is `server { raft { ... } }`.
@@ -76,6 +79,9 @@ type Server struct {
 	RetryInterval   time.Duration
 	ServiceCIDR     string // ClusterIPs come from here
 	EventTTL        time.Duration
+
+	MaxRequestsInFlight         int
+	MaxMutatingRequestsInFlight int
 
 	HeartbeatTimeout   time.Duration
 	ElectionTimeout    time.Duration
@@ -113,6 +119,7 @@ func DefaultServerFile() *ServerFile {
 		Ports:    &PortsBlock{API: ptr(6443), Raft: ptr(6444), Gossip: ptr(7946)},
 		Server: &ServerBlock{
 			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"), EventTTL: ptr("1h"),
+			MaxRequestsInFlight: ptr(400), MaxMutatingRequestsInFlight: ptr(200),
 			Raft: &RaftBlock{
 				HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms"),
 				SnapshotThreshold: ptr(8192), SnapshotInterval: ptr("30s"), TrailingLogs: ptr(10240),
@@ -159,6 +166,9 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 		SnapshotThreshold: uint64(max(0, *f.Server.Raft.SnapshotThreshold)),
 		TrailingLogs:      uint64(max(0, *f.Server.Raft.TrailingLogs)),
 		HistoryEvents:     *f.Server.WatchHistory.Events,
+
+		MaxRequestsInFlight:         *f.Server.MaxRequestsInFlight,
+		MaxMutatingRequestsInFlight: *f.Server.MaxMutatingRequestsInFlight,
 	}
 	if f.DataDir != nil {
 		s.DataDir = *f.DataDir
@@ -241,7 +251,8 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 	for _, n := range []struct {
 		key string
 		v   int
-	}{{"server.raft.snapshot_threshold", *f.Server.Raft.SnapshotThreshold}, {"server.raft.trailing_logs", *f.Server.Raft.TrailingLogs}, {"server.watch_history.events", s.HistoryEvents}} {
+	}{{"server.raft.snapshot_threshold", *f.Server.Raft.SnapshotThreshold}, {"server.raft.trailing_logs", *f.Server.Raft.TrailingLogs}, {"server.watch_history.events", s.HistoryEvents},
+		{"server.max_requests_in_flight", s.MaxRequestsInFlight}, {"server.max_mutating_requests_in_flight", s.MaxMutatingRequestsInFlight}} {
 		if n.v < 1 {
 			errs.add(src, n.key, fmt.Sprintf("must be at least 1, got %d", n.v))
 		}

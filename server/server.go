@@ -201,6 +201,8 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		ReadyzChecks: []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
 		ServiceCIDR:  s.cfg.ServiceCIDR,
 		EventTTL:     s.cfg.EventTTL,
+
+		MaxRequestsInFlight: s.cfg.MaxRequestsInFlight, MaxMutatingRequestsInFlight: s.cfg.MaxMutatingRequestsInFlight,
 	})
 	if err != nil {
 		ln.Close()

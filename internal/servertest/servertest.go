@@ -31,7 +31,10 @@ type Peer struct {
 
 // Start starts n servers that bootstrap one cluster with fast Raft timeouts, and waits until each serves
 // the Kubernetes API.
-func Start(t testing.TB, n int) []*Peer {
+func Start(t testing.TB, n int) []*Peer { return StartWith(t, n, nil) }
+
+// StartWith is Start with a change to every server's configuration file, applied before it is resolved.
+func StartWith(t testing.TB, n int, mutate func(*config.ServerFile)) []*Peer {
 	t.Helper()
 	ip := "127.0.0.1"
 	var files []*config.ServerFile
@@ -45,6 +48,9 @@ func Start(t testing.TB, n int) []*Peer {
 				BootstrapExpect: &n, RetryInterval: ptr("100ms"),
 				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("200ms"), ElectionTimeout: ptr("200ms"), LeaderLeaseTimeout: ptr("100ms")},
 			},
+		}
+		if mutate != nil {
+			mutate(f)
 		}
 		files = append(files, f)
 		joins = append(joins, fmt.Sprintf("%s:%d", ip, gossip))
