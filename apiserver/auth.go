@@ -6,39 +6,55 @@ import (
 	"net/http"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/authentication/request/bearertoken"
 	"k8s.io/apiserver/pkg/authentication/request/union"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
+
+	"github.com/skiff-dev/skiff/internal/join"
 )
 
 // adminUser is who the admin token authenticates as: a member of system:masters, as kubeadm's admin is.
 const adminUser = "skiff-admin"
 
-// requestAuthenticator authenticates the cluster's admin bearer token; a request without credentials is
-// anonymous, and a request with a wrong token is refused (401), as kube-apiserver does. Later issues add
-// client certificates and service account tokens to the union.
-func requestAuthenticator(adminToken string) authenticator.Request {
+// requestAuthenticator authenticates the cluster's admin bearer token and node agents' join tokens; a
+// request without credentials is anonymous, and a request with a wrong token is refused (401), as
+// kube-apiserver does. Later issues add client certificates and service account tokens to the union.
+func requestAuthenticator(adminToken string, joinToken func() string) authenticator.Request {
 	anonymous := authenticator.RequestFunc(func(*http.Request) (*authenticator.Response, bool, error) {
 		return &authenticator.Response{User: &user.DefaultInfo{Name: user.Anonymous, Groups: []string{user.AllUnauthenticated}}}, true, nil
 	})
-	return union.NewFailOnError(tokenAuthenticator(adminToken), anonymous)
+	return union.NewFailOnError(tokenAuthenticator(adminToken, joinToken), anonymous)
 }
 
-func tokenAuthenticator(adminToken string) authenticator.Request {
+// tokenAuthenticator maps the admin token to a system:masters user, and an agent's "node:<name>:<join
+// token>" to system:node:<name> in system:nodes, as kubelets are known in Kubernetes.
+func tokenAuthenticator(adminToken string, joinToken func() string) authenticator.Request {
 	return bearertoken.New(authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
-		if subtle.ConstantTimeCompare([]byte(token), []byte(adminToken)) != 1 {
+		if subtle.ConstantTimeCompare([]byte(token), []byte(adminToken)) == 1 {
+			return &authenticator.Response{User: &user.DefaultInfo{
+				Name: adminUser, Groups: []string{user.SystemPrivilegedGroup, user.AllAuthenticated},
+			}}, true, nil
+		}
+		node, secret, ok := join.ParseBearerToken(token)
+		if !ok || joinToken == nil {
+			return nil, false, nil
+		}
+		want := joinToken()
+		if want == "" || subtle.ConstantTimeCompare([]byte(secret), []byte(want)) != 1 || len(validation.IsDNS1123Subdomain(node)) > 0 {
 			return nil, false, nil
 		}
 		return &authenticator.Response{User: &user.DefaultInfo{
-			Name: adminUser, Groups: []string{user.SystemPrivilegedGroup, user.AllAuthenticated},
+			Name: "system:node:" + node, Groups: []string{"system:nodes", user.AllAuthenticated},
 		}}, true, nil
 	}))
 }
 
-// publicPaths are readable without credentials, as kube-apiserver's system:public-info-viewer role allows.
-var publicPaths = []string{"/livez", "/readyz", "/healthz", "/version"}
+// publicPaths are readable without credentials, as kube-apiserver's system:public-info-viewer role allows;
+// the cluster CA is public too (agents check it with the join token before trusting it).
+var publicPaths = []string{"/livez", "/readyz", "/healthz", "/version", join.CAPath}
 
 // authenticatedAuthorizer allows every authenticated user, and anyone to read the health and version
 // endpoints. It is the plug point where a later issue puts RBAC and the Node authorizer.

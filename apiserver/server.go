@@ -37,6 +37,8 @@ type Config struct {
 	CertPEM    []byte       // serving certificate, issued by the cluster CA
 	KeyPEM     []byte
 	AdminToken string
+	// JoinToken returns the token node agents join with; agents are refused while it returns "".
+	JoinToken func() string
 	// Handlers are mounted beside the API (operator endpoints); they run behind authentication. A path ending
 	// in "/" is a prefix. A "/metrics" handler replaces the library's.
 	Handlers map[string]http.Handler
@@ -92,7 +94,7 @@ func New(c Config) (*Server, error) {
 	if cfg.LoopbackClientConfig, err = cfg.SecureServing.NewLoopbackClientConfig(uuid.NewString(), loopbackCert); err != nil {
 		return nil, err
 	}
-	cfg.Authentication.Authenticator = requestAuthenticator(c.AdminToken)
+	cfg.Authentication.Authenticator = requestAuthenticator(c.AdminToken, c.JoinToken)
 	cfg.Authorization.Authorizer = authenticatedAuthorizer
 	genericapiserver.AuthorizeClientBearerToken(cfg.LoopbackClientConfig, &cfg.Authentication, &cfg.Authorization)
 

@@ -169,7 +169,7 @@ func diagErrors(diags hcl.Diagnostics, body *hclsyntax.Body) error {
 	return es
 }
 
-// mergeFields copies every non-nil pointer, non-nil slice and (recursively) block of src over dst. Both are
+// mergeFields copies every non-nil pointer, non-empty slice or map and (recursively) block of src over dst. Both are
 // pointers to the same struct type.
 func mergeFields(dst, src any) {
 	dv, sv := reflect.ValueOf(dst).Elem(), reflect.ValueOf(src).Elem()
@@ -188,7 +188,7 @@ func mergeFields(dst, src any) {
 				continue
 			}
 			df.Set(sf)
-		case reflect.Slice:
+		case reflect.Slice, reflect.Map:
 			if sf.Len() > 0 {
 				df.Set(sf)
 			}

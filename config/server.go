@@ -39,6 +39,8 @@ type ServerBlock struct {
 	RetryInterval   *string  `hcl:"retry_interval,optional"`
 	ServiceCIDR     *string  `hcl:"service_cidr,optional"`
 	EventTTL        *string  `hcl:"event_ttl,optional"`
+	// Token is the join token node agents present.
+	Token *string `hcl:"token,optional"`
 	// The API answers 429 with Retry-After beyond these many requests in flight, as kube-apiserver does.
 	MaxRequestsInFlight         *int       `hcl:"max_requests_in_flight,optional"`
 	MaxMutatingRequestsInFlight *int       `hcl:"max_mutating_requests_in_flight,optional"`
@@ -79,6 +81,7 @@ type Server struct {
 	RetryInterval   time.Duration
 	ServiceCIDR     string // ClusterIPs come from here
 	EventTTL        time.Duration
+	JoinToken       string // node agents join with it; the first leader picks one when empty
 
 	MaxRequestsInFlight         int
 	MaxMutatingRequestsInFlight int
@@ -175,6 +178,12 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 	}
 	if f.AdvertiseAddr != nil {
 		s.AdvertiseAddr = *f.AdvertiseAddr
+	}
+	if f.Server.Token != nil {
+		s.JoinToken = *f.Server.Token
+		if len(s.JoinToken) < 16 || strings.ContainsAny(s.JoinToken, " \t\n") {
+			errs.add(src, "server.token", "must be at least 16 characters, without spaces")
+		}
 	}
 	if f.Encrypt != nil {
 		s.Encrypt = *f.Encrypt

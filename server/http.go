@@ -10,14 +10,18 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/component-base/metrics/legacyregistry"
 
 	"github.com/skiff-dev/skiff/fsm"
+	"github.com/skiff-dev/skiff/internal/join"
 	"github.com/skiff-dev/skiff/raftnode"
 )
 
@@ -72,7 +76,37 @@ func (s *Server) operatorRoutes() http.Handler {
 		}
 		mux.Handle(r.pattern, h)
 	}
-	return mux
+	return mastersOnly(mux)
+}
+
+// mastersOnly keeps the operator endpoints (snapshots hold the CA key) for system:masters; node agents are
+// authenticated users too.
+func mastersOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if u, ok := request.UserFrom(r.Context()); ok && slices.Contains(u.GetGroups(), user.SystemPrivilegedGroup) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		writeStatus(w, http.StatusForbidden, "Forbidden", "the operator endpoints are for cluster administrators (system:masters)")
+	})
+}
+
+// caForAgents serves the cluster CA with its HMAC under the join token, so that an agent that has only the
+// token can check the CA before trusting it (package join).
+func (s *Server) caForAgents(caPEM []byte) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet {
+			writeStatus(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "only GET is allowed")
+			return
+		}
+		token := s.joinToken()
+		if token == "" {
+			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "the join token is not replicated here yet")
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		json.NewEncoder(w).Encode(join.CAResponse{CA: string(caPEM), HMAC: join.CAHMAC(token, caPEM)})
+	})
 }
 
 // metricsHandler serves /metrics: Skiff's own metrics (Raft, store, gossip) and the API library's.

@@ -25,16 +25,22 @@ import (
 // Cluster secrets live in the replicated store, created once by the first leader. The values are drawn by
 // the leader before proposing; Apply only stores bytes.
 const (
-	adminTokenKey = "/skiff/admin/token" // bearer token of the admin kubeconfig
-	clusterCAKey  = "/skiff/pki/ca"      // PEM certificate then PEM EC private key of the cluster CA
+	adminTokenKey = "/skiff/admin/token"      // bearer token of the admin kubeconfig
+	clusterCAKey  = "/skiff/pki/ca"           // PEM certificate then PEM EC private key of the cluster CA
+	joinTokenKey  = "/skiff/agent/join-token" // the token node agents join with
 )
 
-// ensureClusterSecrets is a leader service: it creates the cluster CA and the admin token if missing.
+// ensureClusterSecrets is a leader service: it creates the cluster CA, the admin token and the join token if
+// missing. The join token is the leader's `server { token }` when set, else a random one.
 func (s *Server) ensureClusterSecrets(ctx context.Context) {
+	joinToken := newToken
+	if s.cfg.JoinToken != "" {
+		joinToken = func() ([]byte, error) { return []byte(s.cfg.JoinToken), nil }
+	}
 	for _, secret := range []struct {
 		key  string
 		make func() ([]byte, error)
-	}{{clusterCAKey, newCA}, {adminTokenKey, newToken}} {
+	}{{clusterCAKey, newCA}, {adminTokenKey, newToken}, {joinTokenKey, joinToken}} {
 		if _, _, err := s.node.Store().Get(secret.key); err == nil {
 			continue
 		}

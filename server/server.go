@@ -24,6 +24,7 @@ import (
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/gossip"
+	"github.com/skiff-dev/skiff/internal/join"
 	"github.com/skiff-dev/skiff/raftnode"
 )
 
@@ -146,6 +147,33 @@ func (s *Server) KubeconfigPath() string { return filepath.Join(s.cfg.DataDir, "
 // Removed is closed when this peer was removed from the cluster; the process should exit.
 func (s *Server) Removed() <-chan struct{} { return s.node.Removed() }
 
+// writeJoinToken writes the join token to <data_dir>/join-token (mode 0600) for the operator to hand to
+// agents, once it has replicated here.
+func (s *Server) writeJoinToken(ctx context.Context) {
+	for s.joinToken() == "" {
+		if !sleepCtx(ctx, 100*time.Millisecond) {
+			return
+		}
+	}
+	path := filepath.Join(s.cfg.DataDir, "join-token")
+	if err := os.WriteFile(path, []byte(s.joinToken()+"\n"), 0o600); err != nil {
+		s.logger.Error("writing the join token", "error", err)
+		return
+	}
+	if s.cfg.JoinToken != "" && s.cfg.JoinToken != s.joinToken() {
+		s.logger.Warn("server.token differs from the cluster's join token, which the first leader chose; agents must use the cluster's", "path", path)
+	}
+}
+
+// joinToken is the token node agents join with, once the leader has stored it.
+func (s *Server) joinToken() string {
+	kv, _, err := s.node.Store().Get(joinTokenKey)
+	if err != nil {
+		return ""
+	}
+	return string(kv.Value)
+}
+
 func (s *Server) adminToken() (string, bool) {
 	kv, _, err := s.node.Store().Get(adminTokenKey)
 	if err != nil {
@@ -196,8 +224,10 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	api, err := apiserver.New(apiserver.Config{
-		Backend: s.node, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM, AdminToken: token,
-		Handlers:     map[string]http.Handler{"/v1/operator/": s.operatorRoutes(), "/metrics": s.metricsHandler()},
+		Backend: s.node, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM, AdminToken: token, JoinToken: s.joinToken,
+		Handlers: map[string]http.Handler{
+			"/v1/operator/": s.operatorRoutes(), "/metrics": s.metricsHandler(), join.CAPath: s.caForAgents(caPEM),
+		},
 		ReadyzChecks: []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
 		ServiceCIDR:  s.cfg.ServiceCIDR,
 		EventTTL:     s.cfg.EventTTL,
@@ -214,6 +244,7 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 	} else {
 		s.logger.Info("wrote admin kubeconfig", "path", s.KubeconfigPath())
 	}
+	s.writeJoinToken(ctx)
 	s.logger.Info("serving the Kubernetes API", "address", s.cfg.AdvertiseAPIAddr())
 	if err := api.Run(ctx); err != nil && ctx.Err() == nil {
 		s.logger.Error("API server stopped", "error", err)

@@ -1,4 +1,4 @@
-// Command skiff is Skiff's single binary: control-plane server, dev mode and operator commands.
+// Command skiff is Skiff's single binary: control-plane server, node agent, dev mode and operator commands.
 package main
 
 import (
@@ -18,6 +18,7 @@ type command struct {
 
 var commands = map[string]command{
 	"server":   {"run a control-plane peer from an HCL config", runServer},
+	"agent":    {"run a node agent from an HCL config", runAgent},
 	"dev":      {"run a single-server cluster in one process", runDev},
 	"operator": {"manage Raft peers, snapshots and gossip members", runOperator},
 	"version":  {"print the version", func([]string) int { fmt.Println("skiff", version); return 0 }},

@@ -1,0 +1,282 @@
+package config
+
+import (
+	"fmt"
+	"maps"
+	"net"
+	"os"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// AgentFile is the schema of a node agent's configuration file.
+type AgentFile struct {
+	Name          *string     `hcl:"name,optional"`
+	DataDir       *string     `hcl:"data_dir,optional"`
+	BindAddr      *string     `hcl:"bind_addr,optional"`
+	AdvertiseAddr *string     `hcl:"advertise_addr,optional"`
+	LogLevel      *string     `hcl:"log_level,optional"`
+	LogJSON       *bool       `hcl:"log_json,optional"`
+	Agent         *AgentBlock `hcl:"agent,block"`
+}
+
+// AgentBlock is `agent { ... }`.
+type AgentBlock struct {
+	Enabled          *bool             `hcl:"enabled,optional"`
+	Servers          []string          `hcl:"servers,optional"`
+	Token            *string           `hcl:"token,optional"`
+	CAFile           *string           `hcl:"ca_file,optional"`
+	ContainerdSocket *string           `hcl:"containerd_socket,optional"`
+	PodCIDR          *string           `hcl:"pod_cidr,optional"`
+	NodeLabels       map[string]string `hcl:"node_labels,optional"`
+	NodeTaints       []string          `hcl:"node_taints,optional"`
+	MaxPods          *int              `hcl:"max_pods,optional"`
+	Runtime          *string           `hcl:"runtime,optional"`
+	Registries       []RegistryBlock   `hcl:"registry,block"`
+	Simulated        *SimulatedBlock   `hcl:"simulated,block"`
+}
+
+// RegistryBlock is `agent { registry "host:port" { ... } }`, like containerd's hosts.toml.
+type RegistryBlock struct {
+	Host               string   `hcl:"host,label"`
+	Endpoints          []string `hcl:"endpoints,optional"`
+	PlainHTTP          *bool    `hcl:"plain_http,optional"`
+	InsecureSkipVerify *bool    `hcl:"insecure_skip_verify,optional"`
+	Username           *string  `hcl:"username,optional"`
+	Password           *string  `hcl:"password,optional"`
+}
+
+// SimulatedBlock is `agent { simulated { ... } }`: one agent process hosting many nodes without containers.
+type SimulatedBlock struct {
+	Nodes  *int              `hcl:"nodes,optional"`
+	CPU    *string           `hcl:"cpu,optional"`
+	Memory *string           `hcl:"memory,optional"`
+	Pods   *int              `hcl:"pods,optional"`
+	Labels map[string]string `hcl:"labels,optional"`
+	Zones  *int              `hcl:"zones,optional"`
+}
+
+// The runtimes an agent can run pods with.
+const (
+	RuntimeContainerd = "containerd"
+	RuntimeSimulated  = "simulated"
+)
+
+// Agent is a resolved, validated agent configuration.
+type Agent struct {
+	Name, DataDir, BindAddr, AdvertiseAddr, LogLevel string
+	LogJSON                                          bool
+
+	Servers          []string // host:port of server API addresses
+	Token            string
+	CAFile           string
+	ContainerdSocket string
+	PodCIDR          string
+	NodeLabels       map[string]string
+	NodeTaints       []corev1.Taint
+	MaxPods          int
+	Runtime          string
+	Registries       []Registry
+	Simulated        Simulated
+}
+
+// Registry is the resolved configuration of one registry host.
+type Registry struct {
+	Host                          string
+	Endpoints                     []string
+	PlainHTTP, InsecureSkipVerify bool
+	Username, Password            string
+}
+
+// Simulated describes the nodes of a simulated agent.
+type Simulated struct {
+	Nodes       int
+	CPU, Memory resource.Quantity
+	Pods        int
+	Labels      map[string]string // "%d" in a value is the node index modulo Zones
+	Zones       int
+}
+
+// DefaultAgentFile holds the agent defaults.
+func DefaultAgentFile() *AgentFile {
+	host, _ := os.Hostname()
+	return &AgentFile{
+		Name: ptr(host), BindAddr: ptr("127.0.0.1"), LogLevel: ptr("info"), LogJSON: ptr(false),
+		Agent: &AgentBlock{
+			Enabled: ptr(true), MaxPods: ptr(110), Runtime: ptr(RuntimeContainerd),
+			Simulated: &SimulatedBlock{Nodes: ptr(1), CPU: ptr("4"), Memory: ptr("8Gi"), Pods: ptr(110), Zones: ptr(1)},
+		},
+	}
+}
+
+// Merge layers o over f.
+func (f *AgentFile) Merge(o *AgentFile) {
+	if o != nil {
+		mergeFields(f, o)
+	}
+}
+
+// LoadAgent reads the file at path (if not empty), layers it over the defaults and flags over it, then
+// resolves and validates the result.
+func LoadAgent(path string, flags *AgentFile) (*Agent, error) {
+	merged := DefaultAgentFile()
+	src := &source{}
+	if path != "" {
+		var file AgentFile
+		var err error
+		if src, err = parseFile(path, &file); err != nil {
+			return nil, err
+		}
+		merged.Merge(&file)
+	}
+	merged.Merge(flags)
+	return resolveAgent(merged, src)
+}
+
+func resolveAgent(f *AgentFile, src *source) (*Agent, error) {
+	var errs Errors
+	b := f.Agent
+	a := &Agent{
+		Name: *f.Name, BindAddr: *f.BindAddr, LogLevel: *f.LogLevel, LogJSON: *f.LogJSON,
+		MaxPods: *b.MaxPods, Runtime: *b.Runtime, NodeLabels: b.NodeLabels,
+	}
+	for _, opt := range []struct {
+		from *string
+		to   *string
+	}{{f.DataDir, &a.DataDir}, {f.AdvertiseAddr, &a.AdvertiseAddr}, {b.Token, &a.Token}, {b.CAFile, &a.CAFile},
+		{b.ContainerdSocket, &a.ContainerdSocket}, {b.PodCIDR, &a.PodCIDR}} {
+		if opt.from != nil {
+			*opt.to = *opt.from
+		}
+	}
+	if a.AdvertiseAddr == "" {
+		a.AdvertiseAddr = a.BindAddr
+	}
+	if errsName := validation.IsDNS1123Subdomain(a.Name); len(errsName) > 0 {
+		errs.add(src, "name", fmt.Sprintf("%q is not a valid node name: %s", a.Name, strings.Join(errsName, "; ")))
+	}
+	if a.DataDir == "" {
+		errs.add(src, "data_dir", "is required")
+	}
+	if !validLogLevel(a.LogLevel) {
+		errs.add(src, "log_level", fmt.Sprintf("%q is not one of trace, debug, info, warn, error", a.LogLevel))
+	}
+	if net.ParseIP(a.BindAddr) == nil {
+		errs.add(src, "bind_addr", fmt.Sprintf("%q is not an IP address", a.BindAddr))
+	}
+	if b.Enabled != nil && !*b.Enabled {
+		errs.add(src, "agent.enabled", "must be true for `skiff agent`")
+	}
+	if len(b.Servers) == 0 {
+		errs.add(src, "agent.servers", "lists no server; give the API address (host:port) of at least one")
+	}
+	for i, s := range b.Servers {
+		addr, err := withDefaultPort(s, 6443)
+		if err != nil {
+			errs.add(src, "agent.servers", fmt.Sprintf("entry %d: %v", i, err))
+			continue
+		}
+		a.Servers = append(a.Servers, addr)
+	}
+	if a.Token == "" {
+		errs.add(src, "agent.token", "is required: the cluster join token (a server's <data_dir>/join-token)")
+	}
+	if a.PodCIDR != "" {
+		if _, _, err := net.ParseCIDR(a.PodCIDR); err != nil {
+			errs.add(src, "agent.pod_cidr", fmt.Sprintf("%q is not a CIDR", a.PodCIDR))
+		}
+	}
+	if a.MaxPods < 1 {
+		errs.add(src, "agent.max_pods", fmt.Sprintf("must be at least 1, got %d", a.MaxPods))
+	}
+	for _, key := range slices.Sorted(maps.Keys(a.NodeLabels)) { // errors in a stable order
+		value := a.NodeLabels[key]
+		if msgs := validation.IsQualifiedName(key); len(msgs) > 0 {
+			errs.add(src, "agent.node_labels", fmt.Sprintf("label key %q: %s", key, strings.Join(msgs, "; ")))
+		}
+		if msgs := validation.IsValidLabelValue(value); len(msgs) > 0 {
+			errs.add(src, "agent.node_labels", fmt.Sprintf("label %q value %q: %s", key, value, strings.Join(msgs, "; ")))
+		}
+	}
+	for _, spec := range b.NodeTaints {
+		taint, err := parseTaint(spec)
+		if err != nil {
+			errs.add(src, "agent.node_taints", err.Error())
+			continue
+		}
+		a.NodeTaints = append(a.NodeTaints, taint)
+	}
+	switch a.Runtime {
+	case RuntimeContainerd, RuntimeSimulated:
+	default:
+		errs.add(src, "agent.runtime", fmt.Sprintf("%q is not one of containerd, simulated", a.Runtime))
+	}
+	for _, r := range b.Registries {
+		reg := Registry{Host: r.Host, Endpoints: r.Endpoints}
+		for _, opt := range []struct {
+			from *bool
+			to   *bool
+		}{{r.PlainHTTP, &reg.PlainHTTP}, {r.InsecureSkipVerify, &reg.InsecureSkipVerify}} {
+			if opt.from != nil {
+				*opt.to = *opt.from
+			}
+		}
+		if r.Username != nil {
+			reg.Username = *r.Username
+		}
+		if r.Password != nil {
+			reg.Password = *r.Password
+		}
+		a.Registries = append(a.Registries, reg)
+	}
+	sim := b.Simulated
+	a.Simulated = Simulated{Nodes: *sim.Nodes, Pods: *sim.Pods, Zones: *sim.Zones, Labels: sim.Labels}
+	for _, q := range []struct {
+		key, val string
+		out      *resource.Quantity
+	}{{"agent.simulated.cpu", *sim.CPU, &a.Simulated.CPU}, {"agent.simulated.memory", *sim.Memory, &a.Simulated.Memory}} {
+		v, err := resource.ParseQuantity(q.val)
+		if err != nil {
+			errs.add(src, q.key, fmt.Sprintf("%q is not a quantity such as \"4\" or \"8Gi\"", q.val))
+		}
+		*q.out = v
+	}
+	for _, n := range []struct {
+		key string
+		v   int
+	}{{"agent.simulated.nodes", a.Simulated.Nodes}, {"agent.simulated.pods", a.Simulated.Pods}, {"agent.simulated.zones", a.Simulated.Zones}} {
+		if n.v < 1 {
+			errs.add(src, n.key, fmt.Sprintf("must be at least 1, got %d", n.v))
+		}
+	}
+	if err := errs.err(); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// parseTaint reads "key=value:Effect" or "key:Effect", as `kubectl taint` writes them.
+func parseTaint(spec string) (corev1.Taint, error) {
+	kv, effect, ok := strings.Cut(spec, ":")
+	if !ok {
+		return corev1.Taint{}, fmt.Errorf("taint %q lacks an effect; write key=value:Effect", spec)
+	}
+	key, value, _ := strings.Cut(kv, "=")
+	taint := corev1.Taint{Key: key, Value: value, Effect: corev1.TaintEffect(effect)}
+	switch taint.Effect {
+	case corev1.TaintEffectNoSchedule, corev1.TaintEffectPreferNoSchedule, corev1.TaintEffectNoExecute:
+	default:
+		return taint, fmt.Errorf("taint %q: effect %q is not one of NoSchedule, PreferNoSchedule, NoExecute", spec, effect)
+	}
+	if msgs := validation.IsQualifiedName(key); len(msgs) > 0 {
+		return taint, fmt.Errorf("taint %q: key: %s", spec, strings.Join(msgs, "; "))
+	}
+	if msgs := validation.IsValidLabelValue(value); value != "" && len(msgs) > 0 {
+		return taint, fmt.Errorf("taint %q: value: %s", spec, strings.Join(msgs, "; "))
+	}
+	return taint, nil
+}

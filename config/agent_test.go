@@ -1,0 +1,88 @@
+package config
+
+import (
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+const agentExample = `
+name      = "node-1"
+data_dir  = "/var/lib/skiff/node-1"
+bind_addr = "127.0.0.1"
+agent {
+  servers     = ["127.0.0.1:6443", "127.0.0.2"]
+  token       = "abcdefabcdefabcdef"
+  node_labels = { "disktype" = "ssd" }
+  node_taints = ["dedicated=infra:NoSchedule", "gpu:PreferNoSchedule"]
+  max_pods    = 50
+  runtime     = "simulated"
+  registry "registry.example.com:5000" {
+    endpoints  = ["https://mirror.internal:5000"]
+    plain_http = true
+  }
+  simulated {
+    nodes  = 5000
+    cpu    = "4"
+    memory = "8Gi"
+    labels = { "topology.kubernetes.io/zone" = "zone-%d" }
+    zones  = 3
+  }
+}
+`
+
+func TestLoadAgentExample(t *testing.T) {
+	a, err := LoadAgent(writeFile(t, agentExample), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Name != "node-1" || a.AdvertiseAddr != "127.0.0.1" || a.MaxPods != 50 || a.Runtime != RuntimeSimulated {
+		t.Fatalf("resolved %+v", a)
+	}
+	if strings.Join(a.Servers, ",") != "127.0.0.1:6443,127.0.0.2:6443" {
+		t.Errorf("servers %v", a.Servers)
+	}
+	want := []corev1.Taint{{Key: "dedicated", Value: "infra", Effect: corev1.TaintEffectNoSchedule}, {Key: "gpu", Effect: corev1.TaintEffectPreferNoSchedule}}
+	if len(a.NodeTaints) != 2 || a.NodeTaints[0] != want[0] || a.NodeTaints[1] != want[1] {
+		t.Errorf("taints %v", a.NodeTaints)
+	}
+	if a.NodeLabels["disktype"] != "ssd" || len(a.Registries) != 1 || !a.Registries[0].PlainHTTP || a.Registries[0].Host != "registry.example.com:5000" {
+		t.Errorf("labels %v registries %+v", a.NodeLabels, a.Registries)
+	}
+	if s := a.Simulated; s.Nodes != 5000 || s.Zones != 3 || s.CPU.String() != "4" || s.Memory.String() != "8Gi" || s.Labels["topology.kubernetes.io/zone"] != "zone-%d" {
+		t.Errorf("simulated %+v", s)
+	}
+}
+
+func TestAgentErrorsNameFileLineAndKey(t *testing.T) {
+	base := "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n  token = \"t\"\n"
+	cases := []struct{ name, body, want string }{
+		{"unknown key", base + "  colour = 1\n}\n", ":6: agent.colour: Unsupported argument"},
+		{"bad taint effect", base + "  node_taints = [\"a=b:Sometimes\"]\n}\n", ":6: agent.node_taints: taint \"a=b:Sometimes\": effect"},
+		{"taint without effect", base + "  node_taints = [\"a=b\"]\n}\n", ":6: agent.node_taints: taint \"a=b\" lacks an effect"},
+		{"bad label", base + "  node_labels = { \"bad key!\" = \"v\" }\n}\n", ":6: agent.node_labels: label key \"bad key!\""},
+		{"bad runtime", base + "  runtime = \"docker\"\n}\n", ":6: agent.runtime: \"docker\" is not one of containerd, simulated"},
+		{"bad quantity", base + "  simulated {\n    cpu = \"lots\"\n  }\n}\n", ":7: agent.simulated.cpu: \"lots\" is not a quantity"},
+		{"bad pod_cidr", base + "  pod_cidr = \"10.0.0.0\"\n}\n", ":6: agent.pod_cidr: \"10.0.0.0\" is not a CIDR"},
+		{"no token", "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n}\n", "agent.token: is required"},
+		{"no servers", "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  token = \"t\"\n}\n", "agent.servers: lists no server"},
+		{"bad name", "name = \"Node_1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n  token = \"t\"\n}\n", ":1: name: \"Node_1\" is not a valid node name"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeFile(t, tc.body)
+			_, err := LoadAgent(path, nil)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			want := tc.want
+			if strings.HasPrefix(want, ":") {
+				want = path + want
+			}
+			if !strings.Contains(err.Error(), want) {
+				t.Fatalf("error %q does not contain %q", err, want)
+			}
+		})
+	}
+}

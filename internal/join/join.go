@@ -1,0 +1,70 @@
+// Package join holds what servers and node agents must agree on for an agent to join: the bearer token an
+// agent presents, and how an agent that has only the join token checks the cluster CA it is handed.
+//
+// An agent authenticates as "node:<node name>:<join token>", which the API maps to the user
+// system:node:<node name> in the group system:nodes. Before it trusts any server, an agent without a CA file
+// fetches the CA from CAPath over unverified TLS, together with an HMAC-SHA256 of the CA certificate keyed
+// by the join token. Only someone who knows the token can produce that HMAC, so a man in the middle cannot
+// hand the agent a CA of its own.
+package join
+
+import (
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"strings"
+)
+
+// CAPath is where every server serves CAResponse, to anyone.
+const CAPath = "/v1/agent/ca"
+
+// CAResponse is the body at CAPath.
+type CAResponse struct {
+	// CA is the cluster CA certificate, PEM.
+	CA string `json:"ca"`
+	// HMAC is hex(HMAC-SHA256(key: join token, message: CA)).
+	HMAC string `json:"hmac"`
+}
+
+const bearerPrefix = "node:"
+
+// BearerToken is the token an agent presents for a node.
+func BearerToken(node, token string) string { return bearerPrefix + node + ":" + token }
+
+// ParseBearerToken splits an agent's bearer token; ok is false for any other token.
+func ParseBearerToken(bearer string) (node, token string, ok bool) {
+	rest, ok := strings.CutPrefix(bearer, bearerPrefix)
+	if !ok {
+		return "", "", false
+	}
+	// Node names are DNS subdomains and never contain ':'; tokens may.
+	node, token, ok = strings.Cut(rest, ":")
+	if !ok || node == "" || token == "" {
+		return "", "", false
+	}
+	return node, token, true
+}
+
+// CAHMAC authenticates a CA certificate with the join token.
+func CAHMAC(token string, caPEM []byte) string {
+	mac := hmac.New(sha256.New, []byte(token))
+	mac.Write(caPEM)
+	return hex.EncodeToString(mac.Sum(nil))
+}
+
+// ErrCAMismatch means the CA offered does not match the join token: a wrong token, or someone else's CA.
+var ErrCAMismatch = errors.New("the cluster CA offered by the server does not match the join token: the token is wrong, or the server is not the cluster's")
+
+// VerifyCA checks a CAResponse against the join token and returns the CA PEM.
+func VerifyCA(token string, resp CAResponse) ([]byte, error) {
+	want, err := hex.DecodeString(CAHMAC(token, []byte(resp.CA)))
+	if err != nil {
+		return nil, err
+	}
+	got, err := hex.DecodeString(resp.HMAC)
+	if err != nil || !hmac.Equal(got, want) {
+		return nil, ErrCAMismatch
+	}
+	return []byte(resp.CA), nil
+}
