@@ -1,21 +1,27 @@
 package apiserver_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 
+	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/internal/join"
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
 // TestRequestBodyLimit checks that a body over 3 MiB gets 413 with a Status body, and nothing is stored.
-// (The in-flight limits' 429 cannot be shown yet: as in Kubernetes, system:masters, the only identity there
-// is until node and service-account credentials arrive, is exempt from them.)
 func TestRequestBodyLimit(t *testing.T) {
 	peers := servertest.Start(t, 1)
 	ctx := context.Background()
@@ -31,5 +37,81 @@ func TestRequestBodyLimit(t *testing.T) {
 	}
 	if _, err := client.CoreV1().ConfigMaps("default").Get(ctx, "big", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the refused ConfigMap was stored: %v", err)
+	}
+}
+
+// TestInFlightLimit sends 64 concurrent writes as a node (system:masters is exempt from the limits) to a
+// server that allows one write in flight: the excess gets 429 with Retry-After and a Status body, and only
+// the acknowledged writes are stored.
+func TestInFlightLimit(t *testing.T) {
+	one, token := 1, "limits-join-token-0123456789"
+	peers := servertest.StartWith(t, 1, func(f *config.ServerFile) {
+		f.Server.MaxMutatingRequestsInFlight = &one
+		f.Server.Token = &token
+	})
+	ctx := context.Background()
+	nodeConfig := rest.CopyConfig(peers[0].Config)
+	nodeConfig.BearerToken = join.BearerToken("node-1", token)
+	// Raw HTTP, because client-go retries 429s by itself.
+	httpClient, err := rest.HTTPClientFor(nodeConfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	codes := map[int]int{}
+	var tooMany *http.Response
+	var tooManyBody []byte
+	var wg sync.WaitGroup
+	for i := 0; i < 64; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			body, _ := json.Marshal(&corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
+				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%d", i)}, Data: map[string]string{"k": strings.Repeat("v", 10000)}})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, nodeConfig.Host+"/api/v1/namespaces/default/configmaps", bytes.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer "+nodeConfig.BearerToken)
+			resp, err := httpClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			mu.Lock()
+			defer mu.Unlock()
+			codes[resp.StatusCode]++
+			if resp.StatusCode == http.StatusTooManyRequests && tooMany == nil {
+				tooMany, tooManyBody = resp, b
+			}
+		}()
+	}
+	wg.Wait()
+	if tooMany == nil {
+		t.Fatalf("64 concurrent writes with one allowed in flight: status codes %v, want some 429", codes)
+	}
+	if codes[http.StatusCreated]+codes[http.StatusTooManyRequests] != 64 {
+		t.Fatalf("status codes %v, want only 201 and 429", codes)
+	}
+	if tooMany.Header.Get("Retry-After") == "" {
+		t.Errorf("429 without Retry-After: %v", tooMany.Header)
+	}
+	var status metav1.Status
+	if err := json.Unmarshal(tooManyBody, &status); err != nil || status.Kind != "Status" || status.Code != http.StatusTooManyRequests ||
+		status.Reason != metav1.StatusReasonTooManyRequests {
+		t.Errorf("429 body %s (%v)", tooManyBody, err)
+	}
+	list, err := peers[0].Client.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := 0
+	for _, cm := range list.Items {
+		if strings.HasPrefix(cm.Name, "cm-") {
+			stored++
+		}
+	}
+	if stored != codes[http.StatusCreated] {
+		t.Errorf("%d ConfigMaps stored, %d creates acknowledged", stored, codes[http.StatusCreated])
 	}
 }

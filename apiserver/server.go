@@ -63,6 +63,9 @@ type Server struct {
 func New(c Config) (*Server, error) {
 	cfg := genericapiserver.NewRecommendedConfig(Codecs)
 	cfg.EffectiveVersion = basecompatibility.NewEffectiveVersionFromString(KubernetesVersion, "", "")
+	cfg.BuildHandlerChainFunc = func(h http.Handler, c *genericapiserver.Config) http.Handler {
+		return withStatusBodies(genericapiserver.DefaultBuildHandlerChain(h, c))
+	}
 	if c.MaxRequestsInFlight > 0 {
 		cfg.MaxRequestsInFlight = c.MaxRequestsInFlight
 	}
