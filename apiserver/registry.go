@@ -96,7 +96,7 @@ var kinds = []*kind{
 			"involvedObject.resourceVersion", "involvedObject.fieldPath", "reason", "reportingComponent", "source", "type"},
 		columns: eventColumns},
 	{gv: corev1.SchemeGroupVersion, resource: "nodes", singular: "node", newFunc: obj[corev1.Node](), newListFunc: obj[corev1.NodeList](),
-		shortNames: []string{"no"}, hasStatus: true, statusOnCreate: true, fields: nodeFields, fieldNames: []string{"spec.unschedulable"}, columns: nodeColumns},
+		shortNames: []string{"no"}, hasStatus: true, statusOnCreate: true, validateUpdate: validateNodeUpdate, fields: nodeFields, fieldNames: []string{"spec.unschedulable"}, columns: nodeColumns},
 	{gv: corev1.SchemeGroupVersion, resource: "limitranges", singular: "limitrange", namespaced: true, newFunc: obj[corev1.LimitRange](), newListFunc: obj[corev1.LimitRangeList](),
 		shortNames: []string{"limits"}},
 	{gv: corev1.SchemeGroupVersion, resource: "resourcequotas", singular: "resourcequota", namespaced: true, newFunc: obj[corev1.ResourceQuota](), newListFunc: obj[corev1.ResourceQuotaList](),

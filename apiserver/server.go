@@ -46,6 +46,8 @@ type Config struct {
 	ReadyzChecks []healthz.HealthChecker
 	// ServiceCIDR is where ClusterIPs come from; DefaultServiceCIDR when empty.
 	ServiceCIDR string
+	// ClusterCIDR is where Nodes' pod CIDRs (a /24 each) come from; DefaultClusterCIDR when empty.
+	ClusterCIDR string
 	// EventTTL is how long Events live; one hour when zero.
 	EventTTL time.Duration
 	// MaxRequestsInFlight and MaxMutatingRequestsInFlight bound the reads and writes served at once (429
@@ -129,9 +131,16 @@ func New(c Config) (*Server, error) {
 	if err != nil || cidr.IP.To4() == nil {
 		return nil, fmt.Errorf("service CIDR %q must be an IPv4 CIDR", c.ServiceCIDR)
 	}
+	if c.ClusterCIDR == "" {
+		c.ClusterCIDR = DefaultClusterCIDR
+	}
+	_, clusterCIDR, err := net.ParseCIDR(c.ClusterCIDR)
+	if err != nil || clusterCIDR.IP.To4() == nil {
+		return nil, fmt.Errorf("cluster CIDR %q must be an IPv4 CIDR", c.ClusterCIDR)
+	}
 	getter := cfg.RESTOptionsGetter.(*restOptionsGetter)
 	getter.eventTTL = c.EventTTL
-	if err := installAPIs(generic, getter, cidr); err != nil {
+	if err := installAPIs(generic, getter, cidr, clusterCIDR); err != nil {
 		return nil, err
 	}
 	for path, h := range c.Handlers {
@@ -161,7 +170,7 @@ func admissionChain(client kubernetes.Interface, factory informers.SharedInforme
 }
 
 // installAPIs installs every kind of the registry table, grouped by API group.
-func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR *net.IPNet) error {
+func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet) error {
 	groups := map[string]*genericapiserver.APIGroupInfo{}
 	var order []string
 	stores := map[string]*resource{}
@@ -191,6 +200,8 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 	groups[""].VersionedResourcesStorageMap["v1"]["services"] = &serviceREST{
 		resource: stores["services"], ips: stores["ipaddresses"].Store, cidr: serviceCIDR, backend: getter.backend,
 	}
+	// Nodes get their pod CIDRs at creation.
+	groups[""].VersionedResourcesStorageMap["v1"]["nodes"] = &nodeREST{resource: stores["nodes"], cidr: clusterCIDR, backend: getter.backend}
 	for _, group := range order {
 		info := groups[group]
 		if group == "" {

@@ -39,6 +39,7 @@ type ServerBlock struct {
 	RetryInterval   *string  `hcl:"retry_interval,optional"`
 	ServiceCIDR     *string  `hcl:"service_cidr,optional"`
 	EventTTL        *string  `hcl:"event_ttl,optional"`
+	ClusterCIDR     *string  `hcl:"cluster_cidr,optional"`
 	// Token is the join token node agents present.
 	Token *string `hcl:"token,optional"`
 	// The API answers 429 with Retry-After beyond these many requests in flight, as kube-apiserver does.
@@ -80,6 +81,7 @@ type Server struct {
 	RetryJoin       []string // host:port of gossip members
 	RetryInterval   time.Duration
 	ServiceCIDR     string // ClusterIPs come from here
+	ClusterCIDR     string // Nodes' pod CIDRs (a /24 each) come from here
 	EventTTL        time.Duration
 	JoinToken       string // node agents join with it; the first leader picks one when empty
 
@@ -121,7 +123,7 @@ func DefaultServerFile() *ServerFile {
 		LogJSON:  ptr(false),
 		Ports:    &PortsBlock{API: ptr(6443), Raft: ptr(6444), Gossip: ptr(7946)},
 		Server: &ServerBlock{
-			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"), EventTTL: ptr("1h"),
+			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"), ClusterCIDR: ptr("10.244.0.0/16"), EventTTL: ptr("1h"),
 			MaxRequestsInFlight: ptr(400), MaxMutatingRequestsInFlight: ptr(200),
 			Raft: &RaftBlock{
 				HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms"),
@@ -223,6 +225,12 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 		errs.add(src, "server.service_cidr", fmt.Sprintf("%q is not an IPv4 CIDR such as \"10.96.0.0/16\"", s.ServiceCIDR))
 	} else if ones, _ := cidr.Mask.Size(); ones > 28 {
 		errs.add(src, "server.service_cidr", fmt.Sprintf("%q is too small; use a prefix of /28 or shorter", s.ServiceCIDR))
+	}
+	s.ClusterCIDR = *f.Server.ClusterCIDR
+	if ip, cidr, err := net.ParseCIDR(s.ClusterCIDR); err != nil || ip.To4() == nil {
+		errs.add(src, "server.cluster_cidr", fmt.Sprintf("%q is not an IPv4 CIDR such as \"10.244.0.0/16\"", s.ClusterCIDR))
+	} else if ones, _ := cidr.Mask.Size(); ones > 24 {
+		errs.add(src, "server.cluster_cidr", fmt.Sprintf("%q is too small for one /24 per node; use a prefix of /24 or shorter", s.ClusterCIDR))
 	}
 	if s.BootstrapExpect < 1 {
 		errs.add(src, "server.bootstrap_expect", fmt.Sprintf("must be at least 1, got %d", s.BootstrapExpect))

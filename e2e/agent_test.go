@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -113,6 +114,13 @@ func TestSimulatedAgentRunsPods(t *testing.T) {
 	mustContain(t, "pod conditions", k.ok("get", "pod", "web", "-o", `jsonpath={range .status.conditions[*]}{.type}={.status} {end}`),
 		"PodScheduled=True", "Initialized=True", "ContainersReady=True", "Ready=True", "PodReadyToStartContainers=True")
 	mustContain(t, "pod node", k.ok("get", "pod", "web", "-o", "jsonpath={.spec.nodeName} {.status.hostIP}"), "sim-", "127.0.0.1")
+	// The pod's IP comes from its node's pod CIDR, which the control plane assigned at registration.
+	var nodeName, podIP string
+	fmt.Sscan(k.ok("get", "pod", "web", "-o", "jsonpath={.spec.nodeName} {.status.podIP}"), &nodeName, &podIP)
+	podCIDR := k.ok("get", "node", nodeName, "-o", "jsonpath={.spec.podCIDR}")
+	if _, cidr, err := net.ParseCIDR(podCIDR); err != nil || !cidr.Contains(net.ParseIP(podIP)) || !strings.HasPrefix(podCIDR, "10.244.") {
+		t.Fatalf("pod IP %q on %s, whose pod CIDR is %q", podIP, nodeName, podCIDR)
+	}
 
 	// A bound pod is removed only when its agent confirms the graceful delete; without the agent this delete
 	// would wait forever and the context would end it.

@@ -200,7 +200,12 @@ func (a *Agent) registerNodes(ctx context.Context) error {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			_, errs[i] = registerNode(ctx, a.client, a.nodeSpec(i, name, host))
+			node, err := registerNode(ctx, a.client, a.nodeSpec(i, name, host))
+			if errs[i] = err; err == nil && node.Spec.PodCIDR != "" {
+				if sim, ok := a.runtime.(*simulatedRuntime); ok {
+					sim.setPodCIDR(name, node.Spec.PodCIDR)
+				}
+			}
 		}()
 	}
 	wg.Wait()
@@ -228,8 +233,12 @@ func (a *Agent) nodeSpec(i int, name string, host hostFacts) nodeSpec {
 		corev1.ResourcePods: *resource.NewQuantity(int64(pods), resource.DecimalSI),
 	}
 	now := metav1.Now()
+	podCIDR := ""
+	if a.cfg.Runtime != config.RuntimeSimulated || a.cfg.Simulated.Nodes == 1 {
+		podCIDR = a.cfg.PodCIDR
+	}
 	return nodeSpec{
-		name: name, labels: labels, taints: a.cfg.NodeTaints,
+		name: name, podCIDR: podCIDR, labels: labels, taints: a.cfg.NodeTaints,
 		status: corev1.NodeStatus{
 			Capacity: capacity, Allocatable: capacity.DeepCopy(),
 			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: a.cfg.AdvertiseAddr}, {Type: corev1.NodeHostName, Address: name}},

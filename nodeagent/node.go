@@ -20,10 +20,11 @@ import (
 // nodeSpec is what the agent owns of one Node: the labels and taints it sets, and the whole status.
 // Labels, taints and spec.unschedulable that others set (kubectl label, taint, cordon) are kept.
 type nodeSpec struct {
-	name   string
-	labels map[string]string
-	taints []corev1.Taint
-	status corev1.NodeStatus
+	name    string
+	podCIDR string // the agent's pod_cidr, or "" for one the control plane assigns
+	labels  map[string]string
+	taints  []corev1.Taint
+	status  corev1.NodeStatus
 }
 
 // hostFacts reads the machine's capacity and identity.
@@ -97,7 +98,7 @@ func registerNode(ctx context.Context, client kubernetes.Interface, want nodeSpe
 	nodes := client.CoreV1().Nodes()
 	created, err := nodes.Create(ctx, &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: want.name, Labels: want.labels},
-		Spec:       corev1.NodeSpec{Taints: want.taints},
+		Spec:       corev1.NodeSpec{Taints: want.taints, PodCIDR: want.podCIDR},
 		Status:     want.status,
 	}, metav1.CreateOptions{})
 	if err == nil || !apierrors.IsAlreadyExists(err) {

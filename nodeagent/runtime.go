@@ -34,25 +34,46 @@ type PodState struct {
 // never used where the real runtime is under test.
 type simulatedRuntime struct {
 	mu   sync.Mutex
-	pods map[types.UID]time.Time // when each pod "started"
+	pods map[types.UID]simulatedPod
 	now  func() time.Time
+	// ipam hands out pod IPs from each node's pod CIDR, as the host-local IPAM plugin would.
+	ipam map[string]*ipPool
+}
+
+type simulatedPod struct {
+	started time.Time
+	node    string
+	ip      string
 }
 
 func newSimulatedRuntime() *simulatedRuntime {
-	return &simulatedRuntime{pods: map[types.UID]time.Time{}, now: time.Now}
+	return &simulatedRuntime{pods: map[types.UID]simulatedPod{}, now: time.Now, ipam: map[string]*ipPool{}}
+}
+
+// setPodCIDR gives a node's pods their addresses; a node without a pod CIDR runs pods without IPs.
+func (r *simulatedRuntime) setPodCIDR(node, cidr string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if pool, err := newIPPool(cidr); err == nil {
+		r.ipam[node] = pool
+	}
 }
 
 func (r *simulatedRuntime) Version() string { return "simulated://1" }
 
 func (r *simulatedRuntime) SyncPod(_ context.Context, pod *corev1.Pod) (*PodState, error) {
 	r.mu.Lock()
-	started, ok := r.pods[pod.UID]
+	p, ok := r.pods[pod.UID]
 	if !ok {
-		started = r.now().Truncate(time.Second)
-		r.pods[pod.UID] = started
+		p = simulatedPod{started: r.now().Truncate(time.Second), node: pod.Spec.NodeName}
+		if pool := r.ipam[p.node]; pool != nil {
+			p.ip = pool.allocate(pod.UID)
+		}
+		r.pods[pod.UID] = p
 	}
 	r.mu.Unlock()
-	state := &PodState{Started: started}
+	started := p.started
+	state := &PodState{Started: started, IP: p.ip}
 	for _, c := range pod.Spec.InitContainers {
 		state.InitContainers = append(state.InitContainers, corev1.ContainerStatus{
 			Name: c.Name, Image: c.Image, ImageID: "simulated://" + c.Image, Ready: true,
@@ -74,7 +95,10 @@ func (r *simulatedRuntime) SyncPod(_ context.Context, pod *corev1.Pod) (*PodStat
 
 func (r *simulatedRuntime) KillPod(_ context.Context, pod *corev1.Pod, _ time.Duration) error {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if p, ok := r.pods[pod.UID]; ok && p.ip != "" {
+		r.ipam[p.node].release(p.ip)
+	}
 	delete(r.pods, pod.UID)
-	r.mu.Unlock()
 	return nil
 }

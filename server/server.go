@@ -230,6 +230,7 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		},
 		ReadyzChecks: []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
 		ServiceCIDR:  s.cfg.ServiceCIDR,
+		ClusterCIDR:  s.cfg.ClusterCIDR,
 		EventTTL:     s.cfg.EventTTL,
 
 		MaxRequestsInFlight: s.cfg.MaxRequestsInFlight, MaxMutatingRequestsInFlight: s.cfg.MaxMutatingRequestsInFlight,
