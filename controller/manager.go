@@ -47,6 +47,7 @@ var controllers = []struct {
 }{
 	{"namespace", runNamespaceController},
 	{"garbage-collector", runGarbageCollector},
+	{"serviceaccount", runServiceAccountController},
 }
 
 // Run runs every controller until ctx ends (the leader lost its leadership).

@@ -1,0 +1,78 @@
+package controller
+
+import (
+	"context"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// defaultServiceAccount is the account pods run as unless they name another.
+const defaultServiceAccount = "default"
+
+// runServiceAccountController keeps a "default" ServiceAccount in every active namespace, as Kubernetes'
+// serviceaccount controller does: it creates it with the namespace, and again if it is deleted.
+func runServiceAccountController(ctx context.Context, c *Clients) {
+	namespaces := c.Informers.Core().V1().Namespaces()
+	accounts := c.Informers.Core().V1().ServiceAccounts()
+	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
+	defer queue.ShutDown()
+	namespaces.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { queue.Add(obj.(*corev1.Namespace).Name) },
+		UpdateFunc: func(_, obj any) { queue.Add(obj.(*corev1.Namespace).Name) },
+	})
+	accounts.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		DeleteFunc: func(obj any) {
+			if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tomb.Obj
+			}
+			if sa, ok := obj.(*corev1.ServiceAccount); ok && sa.Name == defaultServiceAccount {
+				queue.Add(sa.Namespace)
+			}
+		},
+	})
+	go func() {
+		<-ctx.Done()
+		queue.ShutDown()
+	}()
+	c.Informers.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), namespaces.Informer().HasSynced, accounts.Informer().HasSynced) {
+		return
+	}
+	for {
+		name, quit := queue.Get()
+		if quit {
+			return
+		}
+		if err := ensureDefaultServiceAccount(ctx, c, name); err != nil && ctx.Err() == nil {
+			c.Logger.Warn("creating the default service account, retrying", "namespace", name, "error", err)
+			queue.AddRateLimited(name)
+		} else {
+			queue.Forget(name)
+		}
+		queue.Done(name)
+	}
+}
+
+func ensureDefaultServiceAccount(ctx context.Context, c *Clients, namespace string) error {
+	ns, err := c.Informers.Core().V1().Namespaces().Lister().Get(namespace)
+	if apierrors.IsNotFound(err) || (err == nil && ns.Status.Phase == corev1.NamespaceTerminating) {
+		return nil // gone or going: nothing to add
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := c.Informers.Core().V1().ServiceAccounts().Lister().ServiceAccounts(namespace).Get(defaultServiceAccount); err == nil {
+		return nil
+	}
+	_, err = c.Kube.CoreV1().ServiceAccounts(namespace).Create(ctx, &corev1.ServiceAccount{
+		ObjectMeta: metav1.ObjectMeta{Name: defaultServiceAccount},
+	}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) || apierrors.IsForbidden(err) { // forbidden: the namespace began terminating
+		return nil
+	}
+	return err
+}
