@@ -10,6 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
+	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
@@ -86,3 +87,49 @@ func TestErrorStatuses(t *testing.T) {
 		})
 	}
 }
+
+// TestGoneAndUnavailable covers the two error codes that need a cluster state: a watch from a revision older
+// than the watch cache gets a 410 Expired event, and a write while the cluster has no leader gets 503 with
+// Retry-After once the write timeout passes.
+func TestGoneAndUnavailable(t *testing.T) {
+	peers := servertest.StartWith(t, 3, func(f *config.ServerFile) { f.Server.Raft.WriteTimeout = ptr("1s") })
+	client, err := rest.HTTPClientFor(peers[0].Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Get(peers[0].Config.Host + "/api/v1/namespaces/default/configmaps?watch=1&resourceVersion=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var event struct {
+		Type   string
+		Object metav1.Status
+	}
+	err = json.NewDecoder(resp.Body).Decode(&event)
+	resp.Body.Close()
+	if err != nil || event.Type != "ERROR" || event.Object.Code != http.StatusGone || event.Object.Reason != metav1.StatusReasonExpired {
+		t.Fatalf("watch from revision 1: %+v (%v), want an ERROR event with a 410 Expired Status", event, err)
+	}
+
+	// Leave peer 0 alone: without a quorum there is no leader.
+	peers[1].Server.Shutdown()
+	peers[2].Server.Shutdown()
+	req, _ := http.NewRequest("POST", peers[0].Config.Host+"/api/v1/namespaces/default/configmaps",
+		strings.NewReader(`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"no-leader"}}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err = client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	var status metav1.Status
+	json.Unmarshal(raw, &status)
+	if resp.StatusCode != http.StatusServiceUnavailable || status.Kind != "Status" || status.Code != http.StatusServiceUnavailable ||
+		resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("write without a leader: HTTP %d, Retry-After %q, body %s; want 503 with Retry-After and a Status",
+			resp.StatusCode, resp.Header.Get("Retry-After"), raw)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }
