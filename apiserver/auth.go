@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/subtle"
 	"net/http"
+	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -56,7 +57,7 @@ func tokenAuthenticator(adminToken string, joinToken func() string) authenticato
 // the cluster CA is public too (agents check it with the join token before trusting it).
 var publicPaths = []string{"/livez", "/readyz", "/healthz", "/version", join.CAPath}
 
-// authenticatedAuthorizer allows every authenticated user, and anyone to read the health and version
+// authenticatedAuthorizer allows every authenticated user (impersonation only to system:masters), and anyone to read the health and version
 // endpoints. It is the plug point where a later issue puts RBAC and the Node authorizer.
 var authenticatedAuthorizer = authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
 	if !a.IsResourceRequest() && a.GetVerb() == "get" {
@@ -66,12 +67,20 @@ var authenticatedAuthorizer = authorizer.AuthorizerFunc(func(ctx context.Context
 			}
 		}
 	}
-	if u := a.GetUser(); u != nil {
-		for _, g := range u.GetGroups() {
-			if g == user.AllAuthenticated || g == user.SystemPrivilegedGroup {
-				return authorizer.DecisionAllow, "", nil
-			}
-		}
+	u := a.GetUser()
+	if u == nil {
+		return authorizer.DecisionNoOpinion, "only authenticated users are allowed", nil
+	}
+	groups := u.GetGroups()
+	if slices.Contains(groups, user.SystemPrivilegedGroup) {
+		return authorizer.DecisionAllow, "", nil
+	}
+	// Impersonating someone is as strong as being them: only cluster administrators may.
+	if a.GetVerb() == "impersonate" {
+		return authorizer.DecisionNoOpinion, "only system:masters may impersonate", nil
+	}
+	if slices.Contains(groups, user.AllAuthenticated) {
+		return authorizer.DecisionAllow, "", nil
 	}
 	return authorizer.DecisionNoOpinion, "only authenticated users are allowed", nil
 })

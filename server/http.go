@@ -165,6 +165,14 @@ func (s *Server) onLeader(h http.HandlerFunc) http.HandlerFunc {
 			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", fmt.Sprintf("forwarding to leader %s: %v", leaderID, err))
 		}
 		r.Header.Set(forwardedHeader, s.cfg.Name)
+		// The API's authentication strips the caller's credentials once checked, and mastersOnly has
+		// admitted the caller; the leader gets this server's admin credential instead.
+		token, ok := s.adminToken()
+		if !ok {
+			writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "the admin token has not replicated here yet")
+			return
+		}
+		r.Header.Set("Authorization", "Bearer "+token)
 		proxy.ServeHTTP(w, r)
 	}
 }

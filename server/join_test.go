@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/json"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -84,6 +85,44 @@ func TestAgentJoinCredentials(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("a node on the operator endpoints got %d, want 403", resp.StatusCode)
+	}
+	// Nor may it become an administrator by impersonation.
+	req, _ := http.NewRequest(http.MethodGet, peers[0].Config.Host+"/v1/operator/snapshot", nil)
+	req.Header.Set("Impersonate-User", "skiff-admin")
+	req.Header.Set("Impersonate-Group", "system:masters")
+	resp, err = httpClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("a node impersonating system:masters got %d, want 403", resp.StatusCode)
+	}
+}
+
+// TestLeaderOnlyOperatorCallThroughAFollower: a follower forwards a leader-only operator call to the leader
+// with credentials the leader accepts.
+func TestLeaderOnlyOperatorCallThroughAFollower(t *testing.T) {
+	peers := servertest.Start(t, 3)
+	var follower *servertest.Peer
+	for _, p := range peers {
+		if !p.Server.Node().IsLeader() {
+			follower = p
+			break
+		}
+	}
+	client, err := rest.HTTPClientFor(follower.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Post(follower.Config.Host+"/v1/operator/raft/transfer-leadership", "application/json", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("transfer-leadership through a follower: %d %s", resp.StatusCode, body)
 	}
 }
 
