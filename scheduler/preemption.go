@@ -21,16 +21,15 @@ type preemptionCandidate struct {
 	victims []*PodInfo
 }
 
-// preempt looks for a node where evicting pods of lower priority would let the pod fit. It evicts them
-// through the eviction subresource (graceful deletion), records Preempted events, and returns the victims
-// and the node to nominate. The pod itself waits, parked, until the victims' deletes requeue it.
-func (s *Scheduler) preempt(ctx context.Context, info *PodInfo, snap *Snapshot, fitErr *FitError) ([]*corev1.Pod, string) {
+// findPreemption looks, under the snapshot, for a node where evicting pods of lower priority would let the
+// pod fit. If an earlier preemption for this pod is still under way (its victims are terminating), it returns
+// no candidate and that node, so that no more pods are evicted meanwhile.
+func (s *Scheduler) findPreemption(ctx context.Context, info *PodInfo, snap *Snapshot, fitErr *FitError) (*preemptionCandidate, string) {
 	pod := info.Pod
 	if pod.Spec.PreemptionPolicy != nil && *pod.Spec.PreemptionPolicy == corev1.PreemptNever {
 		return nil, ""
 	}
 	priority := s.podPriority(pod)
-	// A preemption already under way for this pod: wait for its victims rather than evict more.
 	if nominated := snap.Node(pod.Status.NominatedNodeName); nominated != nil {
 		for _, p := range nominated.Pods {
 			if p.Pod.DeletionTimestamp != nil && s.podPriority(p.Pod) < priority {
@@ -51,22 +50,18 @@ func (s *Scheduler) preempt(ctx context.Context, info *PodInfo, snap *Snapshot, 
 			best = c
 		}
 	}
-	if best == nil {
-		return nil, ""
+	return best, ""
+}
+
+// preempt evicts a candidate's victims through the eviction subresource (graceful deletion) and records
+// Preempted events. The pod itself waits, parked, until the victims' deletes requeue it.
+func (s *Scheduler) preempt(ctx context.Context, pod *corev1.Pod, c *preemptionCandidate) {
+	for _, v := range c.victims {
+		victim := v.Pod
+		s.recorder.Eventf(victim, corev1.EventTypeNormal, "Preempted", "Preempted by pod %s on node %s", pod.UID, c.node)
+		s.goBounded(ctx, func() { s.evict(ctx, victim) })
 	}
-	var victims []*corev1.Pod
-	for _, v := range best.victims {
-		victims = append(victims, v.Pod)
-		s.recorder.Eventf(v.Pod, corev1.EventTypeNormal, "Preempted", "Preempted by pod %s on node %s", pod.UID, best.node)
-		s.binds <- struct{}{}
-		s.inflight.Add(1)
-		go func() {
-			defer func() { <-s.binds; s.inflight.Done() }()
-			s.evict(ctx, v.Pod)
-		}()
-	}
-	s.logger.Info("preempting", "pod", pod.Namespace+"/"+pod.Name, "node", best.node, "victims", len(victims))
-	return victims, best.node
+	s.logger.Info("preempting", "pod", pod.Namespace+"/"+pod.Name, "node", c.node, "victims", len(c.victims))
 }
 
 // victimsOn removes every lower-priority pod from a copy of the node; if the pod then fits, it puts back as

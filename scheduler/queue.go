@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 )
 
 // Backoff and parking bounds, as Kubernetes' defaults.
@@ -26,6 +27,9 @@ type queuedPod struct {
 	cycle    int64
 	parkedAt time.Time
 	index    int
+	// updated is set when the pod's spec or labels changed while it was being scheduled: the decision
+	// under way saw the old version, so the pod must not be parked on it.
+	updated bool
 }
 
 func podKey(pod *corev1.Pod) string { return pod.Namespace + "/" + pod.Name }
@@ -78,7 +82,10 @@ func (q *Queue) Add(pod *corev1.Pod) {
 	defer q.mu.Unlock()
 	key := podKey(pod)
 	if qp, ok := q.inFlight[key]; ok {
-		qp.pod = pod // the decision under way sees the old version; the next one sees this
+		// The decision under way sees the old version; the next one sees this. A recreated pod (its
+		// delete marked qp.pod nil) counts as changed.
+		qp.updated = qp.updated || qp.pod == nil || schedulingChanged(qp.pod, pod)
+		qp.pod = pod
 		return
 	}
 	if qp, ok := q.activeKeys[key]; ok {
@@ -91,6 +98,10 @@ func (q *Queue) Add(pod *corev1.Pod) {
 		return
 	}
 	if qp, ok := q.unschedulable[key]; ok {
+		if !schedulingChanged(qp.pod, pod) {
+			qp.pod = pod // a status update (the scheduler's own condition patch, say) helps nothing
+			return
+		}
 		// The pod itself changed (for example its node selector); that may make it schedulable.
 		delete(q.unschedulable, key)
 		qp.pod = pod
@@ -144,6 +155,7 @@ func (q *Queue) Pop(ctx context.Context) *queuedPod {
 	q.cycle++
 	qp.cycle = q.cycle
 	qp.attempts++
+	qp.updated = false
 	q.inFlight[qp.key] = qp
 	return qp
 }
@@ -155,16 +167,17 @@ func (q *Queue) Done(qp *queuedPod) {
 	delete(q.inFlight, qp.key)
 }
 
-// Unschedulable parks a pod that fitted nowhere, or backs it off if a cluster event arrived meanwhile.
+// Unschedulable parks a pod that fitted nowhere, or backs it off if a cluster event arrived meanwhile or the
+// pod itself changed.
 func (q *Queue) Unschedulable(qp *queuedPod) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	key := qp.key
 	delete(q.inFlight, key)
-	if qp.pod == nil { // deleted meanwhile
+	if qp.pod == nil || q.queuedLocked(key) { // deleted meanwhile, or re-added as a new entry
 		return
 	}
-	if q.moveCycle >= qp.cycle {
+	if q.moveCycle >= qp.cycle || qp.updated {
 		q.backoff[key], q.backoffAt[key] = qp, q.now()
 		return
 	}
@@ -178,10 +191,32 @@ func (q *Queue) Backoff(qp *queuedPod) {
 	defer q.mu.Unlock()
 	key := qp.key
 	delete(q.inFlight, key)
-	if qp.pod == nil { // deleted meanwhile
+	if qp.pod == nil || q.queuedLocked(key) { // deleted meanwhile, or re-added as a new entry
 		return
 	}
 	q.backoff[key], q.backoffAt[key] = qp, q.now()
+}
+
+// queuedLocked reports whether a key waits in any part of the queue.
+func (q *Queue) queuedLocked(key string) bool {
+	_, active := q.activeKeys[key]
+	_, backoff := q.backoff[key]
+	_, parked := q.unschedulable[key]
+	return active || backoff || parked
+}
+
+// Pod returns the latest version of a popped pod, or nil once it was deleted.
+func (q *Queue) Pod(qp *queuedPod) *corev1.Pod {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return qp.pod
+}
+
+// schedulingChanged reports whether an update can change a scheduling decision: the spec, labels or
+// annotations, not the status.
+func schedulingChanged(old, new *corev1.Pod) bool {
+	return !apiequality.Semantic.DeepEqual(old.Spec, new.Spec) || !apiequality.Semantic.DeepEqual(old.Labels, new.Labels) ||
+		!apiequality.Semantic.DeepEqual(old.Annotations, new.Annotations)
 }
 
 // MoveAll requeues every parked pod: a cluster event (a node added or changed, a pod deleted) may have

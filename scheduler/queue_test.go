@@ -145,3 +145,42 @@ func TestQueuePopReturnsNilWhenContextEnds(t *testing.T) {
 		t.Fatalf("popped %v from an empty queue", qp.pod.Name)
 	}
 }
+
+func TestQueueChangeDuringACycleIsNotParked(t *testing.T) {
+	q, _ := newTestQueue()
+	q.Add(queuePod("p", 0, 1))
+	qp := q.Pop(context.Background())
+	changed := queuePod("p", 0, 1)
+	changed.Spec.NodeSelector = map[string]string{"disktype": "ssd"} // the user fixes the pod meanwhile
+	q.Add(changed)
+	q.Unschedulable(qp)
+	if _, backoff, parked := q.Lengths(); backoff != 1 || parked != 0 {
+		t.Fatalf("backoff %d parked %d: a pod changed during its cycle must be retried", backoff, parked)
+	}
+}
+
+func TestQueueStatusUpdateDoesNotWakeAParkedPod(t *testing.T) {
+	q, _ := newTestQueue()
+	q.Add(queuePod("p", 0, 1))
+	q.Unschedulable(q.Pop(context.Background()))
+	withCondition := queuePod("p", 0, 1)
+	withCondition.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse}}
+	q.Add(withCondition) // the scheduler's own status patch coming back through the informer
+	if active, backoff, parked := q.Lengths(); active != 0 || backoff != 0 || parked != 1 {
+		t.Fatalf("active %d backoff %d parked %d: a status update must leave the pod parked", active, backoff, parked)
+	}
+}
+
+func TestQueueNoDuplicateAfterAFailedBind(t *testing.T) {
+	q, clock := newTestQueue()
+	q.Add(queuePod("p", 0, 1))
+	qp := q.Pop(context.Background())
+	q.Done(qp)                  // assumed; the bind is in flight
+	q.Add(queuePod("p", 10, 1)) // an update arrives during the bind
+	q.Backoff(qp)               // then the bind fails
+	clock.t = clock.t.Add(time.Minute)
+	q.flush()
+	if active, backoff, parked := q.Lengths(); active != 1 || backoff != 0 || parked != 0 {
+		t.Fatalf("active %d backoff %d parked %d, want the pod queued exactly once", active, backoff, parked)
+	}
+}

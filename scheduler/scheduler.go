@@ -239,7 +239,7 @@ func (s *Scheduler) namespaceLabels(ns string) labels.Set {
 
 // scheduleOne makes one decision and starts its bind.
 func (s *Scheduler) scheduleOne(ctx context.Context, qp *queuedPod) {
-	pod := qp.pod
+	pod := s.queue.Pod(qp)
 	if pod == nil {
 		s.queue.Done(qp)
 		return
@@ -247,25 +247,42 @@ func (s *Scheduler) scheduleOne(ctx context.Context, qp *queuedPod) {
 	info := NewPodInfo(pod)
 	snap := s.cache.Snapshot()
 	host, fitErr := s.decide(ctx, info, snap)
+	var candidate *preemptionCandidate
+	nominated := ""
 	if fitErr != nil {
-		victims, node := s.preempt(ctx, info, snap, fitErr)
-		snap.Release()
+		candidate, nominated = s.findPreemption(ctx, info, snap, fitErr)
+	}
+	snap.Release() // before any API call: informer updates wait for the read lock
+	if fitErr != nil {
+		if candidate != nil {
+			nominated = candidate.node
+			s.preempt(ctx, pod, candidate)
+		}
 		s.queue.Unschedulable(qp)
-		s.recordFailure(ctx, pod, fitErr, node, victims)
+		s.recordFailure(ctx, pod, fitErr, nominated)
 		return
 	}
-	snap.Release()
 	if err := s.cache.Assume(info, host); err != nil {
-		s.logger.Warn("assume failed", "pod", qp.key, "error", err)
-		s.queue.Backoff(qp)
+		// Already bound or assumed: an earlier decision for the same pod is being stored.
+		s.queue.Done(qp)
 		return
 	}
 	s.queue.Done(qp)
-	s.binds <- struct{}{}
+	s.goBounded(ctx, func() { s.bind(ctx, qp, info, host) })
+}
+
+// goBounded runs f in its own goroutine once one of the BindWorkers slots is free, or not at all once ctx
+// ends. Run waits for every such goroutine before it returns.
+func (s *Scheduler) goBounded(ctx context.Context, f func()) {
+	select {
+	case s.binds <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
 	s.inflight.Add(1)
 	go func() {
 		defer func() { <-s.binds; s.inflight.Done() }()
-		s.bind(ctx, qp, info, host)
+		f()
 	}()
 }
 
@@ -445,7 +462,7 @@ func isAlreadyBound(err error) bool {
 
 // recordFailure emits FailedScheduling and sets the PodScheduled=False condition with the same message,
 // plus nominatedNodeName when preemption made room.
-func (s *Scheduler) recordFailure(ctx context.Context, pod *corev1.Pod, fitErr *FitError, nominated string, victims []*corev1.Pod) {
+func (s *Scheduler) recordFailure(ctx context.Context, pod *corev1.Pod, fitErr *FitError, nominated string) {
 	msg := fitErr.Error()
 	s.recorder.Event(pod, corev1.EventTypeWarning, "FailedScheduling", msg)
 	cond := corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable, Message: msg}
@@ -453,12 +470,7 @@ func (s *Scheduler) recordFailure(ctx context.Context, pod *corev1.Pod, fitErr *
 		current.Reason == cond.Reason && current.Message == cond.Message && nominated == "" {
 		return // unchanged: spare the store a write
 	}
-	s.binds <- struct{}{}
-	s.inflight.Add(1)
-	go func() {
-		defer func() { <-s.binds; s.inflight.Done() }()
-		s.patchStatus(ctx, pod, cond, nominated)
-	}()
+	s.goBounded(ctx, func() { s.patchStatus(ctx, pod, cond, nominated) })
 }
 
 func podCondition(pod *corev1.Pod, t corev1.PodConditionType) *corev1.PodCondition {
