@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,7 +22,7 @@ import (
 
 // Node pod CIDRs: each Node gets a /24 of the cluster CIDR when it is created, held by a store key created
 // with the store's Create, which fails if another Node holds it; so the assignment is safe across peers and
-// leader changes, as Service addresses are. It is released when the Node is deleted. A Node that names its own
+// leader changes, as Service addresses are. It is released once the Node is really deleted (the store's AfterDelete hook). A Node that names its own
 // spec.podCIDR (an agent's pod_cidr) claims that one. When the cluster CIDR is full the Node is created without
 // one, as Kubernetes' node IPAM leaves it.
 
@@ -48,24 +49,25 @@ func (r *nodeREST) Create(ctx context.Context, obj runtime.Object, createValidat
 		return nil, err
 	}
 	out, err := r.resource.Create(ctx, obj, createValidation, options)
-	if err != nil && claimed != "" {
-		r.release(ctx, claimed, node.Name)
+	if err != nil && claimed != "" && definitelyRejected(err) {
+		// Given back even if the client has gone. After a timeout the Node may exist: the CIDR stays held.
+		r.release(context.WithoutCancel(ctx), claimed, node.Name)
 	}
 	return out, err
 }
 
-func (r *nodeREST) Delete(ctx context.Context, name string, deleteValidation rest.ValidateObjectFunc, options *metav1.DeleteOptions) (runtime.Object, bool, error) {
-	existing, err := r.resource.Get(ctx, name, &metav1.GetOptions{})
-	if err != nil {
-		return nil, false, err
+// definitelyRejected reports whether a create certainly stored nothing.
+func definitelyRejected(err error) bool {
+	return apierrors.IsAlreadyExists(err) || apierrors.IsInvalid(err) || apierrors.IsBadRequest(err) ||
+		apierrors.IsForbidden(err) || apierrors.IsConflict(err)
+}
+
+// releaseAfterDelete is the store's AfterDelete hook: it runs once a Node is really gone (after its
+// finalizers, and for collection deletes too) and gives its pod CIDR back.
+func (r *nodeREST) releaseAfterDelete(obj runtime.Object, _ *metav1.DeleteOptions) {
+	if node, ok := obj.(*corev1.Node); ok && node.Spec.PodCIDR != "" {
+		r.release(context.Background(), node.Spec.PodCIDR, node.Name)
 	}
-	out, immediate, err := r.resource.Delete(ctx, name, deleteValidation, options)
-	if err == nil && (options == nil || len(options.DryRun) == 0) {
-		if cidr := existing.(*corev1.Node).Spec.PodCIDR; cidr != "" {
-			r.release(ctx, cidr, name)
-		}
-	}
-	return out, immediate, err
 }
 
 // assign claims the Node's own spec.podCIDR, or the first free /24, and records it on the Node.
@@ -81,6 +83,12 @@ func (r *nodeREST) assign(ctx context.Context, node *corev1.Node) (string, error
 			holder := ""
 			if kv, _, err := r.backend.Store().Get(podCIDRPrefix + cidrKey(cidr.String())); err == nil {
 				holder = string(kv.Value)
+			}
+			if holder == node.Name {
+				// Held by this very Node (an agent registering again): the create will say AlreadyExists,
+				// and the CIDR must stay held.
+				node.Spec.PodCIDRs = []string{cidr.String()}
+				return "", nil
 			}
 			return "", apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Node").GroupKind(), node.Name,
 				field.ErrorList{field.Invalid(path, want, fmt.Sprintf("is already assigned to node %q", holder))})
@@ -138,11 +146,16 @@ func (r *nodeREST) release(ctx context.Context, cidr, node string) {
 	}
 }
 
-// validateNodeUpdate keeps the pod CIDR: once set it cannot change, as in Kubernetes.
+// validateNodeUpdate keeps the pod CIDR as creation assigned it: an update cannot set, change or clear it
+// (only creation claims one in the store).
 func validateNodeUpdate(o, old runtime.Object) field.ErrorList {
 	node, oldNode := o.(*corev1.Node), old.(*corev1.Node)
-	if oldNode.Spec.PodCIDR != "" && node.Spec.PodCIDR != oldNode.Spec.PodCIDR {
-		return field.ErrorList{field.Forbidden(field.NewPath("spec", "podCIDR"), "may not change once set")}
+	var errs field.ErrorList
+	if node.Spec.PodCIDR != oldNode.Spec.PodCIDR {
+		errs = append(errs, field.Forbidden(field.NewPath("spec", "podCIDR"), "is assigned when the Node is created and may not change"))
 	}
-	return nil
+	if !slices.Equal(node.Spec.PodCIDRs, oldNode.Spec.PodCIDRs) {
+		errs = append(errs, field.Forbidden(field.NewPath("spec", "podCIDRs"), "is assigned when the Node is created and may not change"))
+	}
+	return errs
 }

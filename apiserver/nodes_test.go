@@ -60,4 +60,23 @@ func TestNodePodCIDRs(t *testing.T) {
 	if _, err := nodes.Update(ctx, a, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) {
 		t.Fatalf("changing a podCIDR: %v, want 422", err)
 	}
+	e, _ := nodes.Get(ctx, "e", metav1.GetOptions{})
+	e.Spec.PodCIDR = "10.50.1.0/24"
+	if _, err := nodes.Update(ctx, e, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) {
+		t.Fatalf("setting a podCIDR by update: %v, want 422", err)
+	}
+	// An agent registering again with its own pod_cidr gets AlreadyExists, and the CIDR stays its own.
+	if _, err := create("c", "10.50.3.0/24"); !apierrors.IsAlreadyExists(err) {
+		t.Fatalf("re-registering c: %v, want 409 AlreadyExists", err)
+	}
+	if _, err := create("g", "10.50.3.0/24"); !apierrors.IsInvalid(err) {
+		t.Fatalf("c's CIDR after c re-registered: %v, want 422 (still held)", err)
+	}
+	// A collection delete gives every CIDR back.
+	if err := nodes.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := create("h", ""); err != nil || n.Spec.PodCIDR != "10.50.0.0/24" {
+		t.Fatalf("after deleting every node: %v %v, want the first CIDR", n, err)
+	}
 }

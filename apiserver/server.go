@@ -201,7 +201,9 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 		resource: stores["services"], ips: stores["ipaddresses"].Store, cidr: serviceCIDR, backend: getter.backend,
 	}
 	// Nodes get their pod CIDRs at creation.
-	groups[""].VersionedResourcesStorageMap["v1"]["nodes"] = &nodeREST{resource: stores["nodes"], cidr: clusterCIDR, backend: getter.backend}
+	nodes := &nodeREST{resource: stores["nodes"], cidr: clusterCIDR, backend: getter.backend}
+	nodes.Store.AfterDelete = nodes.releaseAfterDelete
+	groups[""].VersionedResourcesStorageMap["v1"]["nodes"] = nodes
 	for _, group := range order {
 		info := groups[group]
 		if group == "" {
