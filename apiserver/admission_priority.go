@@ -70,6 +70,9 @@ func (p *priorityAdmission) Admit(ctx context.Context, a admission.Attributes, _
 	if pod.Spec.Priority != nil && *pod.Spec.Priority != value {
 		return admission.NewForbidden(a, fmt.Errorf("the integer value of priority (%d) must not be provided in pod spec; priority admission controller computed %d from the given PriorityClass name", *pod.Spec.Priority, value))
 	}
+	if pod.Spec.PreemptionPolicy != nil && policy != nil && *pod.Spec.PreemptionPolicy != *policy {
+		return admission.NewForbidden(a, fmt.Errorf("the string value of PreemptionPolicy (%s) must not be provided in pod spec; priority admission controller computed %s from the given PriorityClass name", *pod.Spec.PreemptionPolicy, *policy))
+	}
 	pod.Spec.Priority = &value
 	if pod.Spec.PreemptionPolicy == nil {
 		if policy == nil {

@@ -33,11 +33,15 @@ type Agent struct {
 	nodes   map[string]bool // the nodes this agent hosts
 	pods    cache.Indexer
 	queue   workqueue.TypedRateLimitingInterface[string]
+	// running is the last version of each pod the runtime was asked to run, by namespace/name, so that a
+	// pod that vanished (force-deleted) or was replaced (same name, new UID) is still stopped.
+	mu      sync.Mutex
+	running map[string]*corev1.Pod
 }
 
 // New builds an agent. Only the simulated runtime exists so far; the containerd runtime is the next step.
 func New(cfg *config.Agent, logger hclog.Logger) (*Agent, error) {
-	a := &Agent{cfg: cfg, logger: logger, nodes: map[string]bool{}}
+	a := &Agent{cfg: cfg, logger: logger, nodes: map[string]bool{}, running: map[string]*corev1.Pod{}}
 	switch cfg.Runtime {
 	case config.RuntimeSimulated:
 		a.runtime = newSimulatedRuntime()
@@ -140,13 +144,25 @@ func (a *Agent) processNext(ctx context.Context) bool {
 }
 
 // syncPod computes what a pod needs, then does it:
-//  1. gone from the API: nothing (its containers went with its deletion);
+//  1. gone from the API, or replaced by a new pod of the same name: stop what still runs of the old one;
 //  2. being deleted: kill its containers within the grace period, then confirm with a grace-0 delete;
 //  3. otherwise: bring it up with the runtime and write its status if it changed.
 func (a *Agent) syncPod(ctx context.Context, key string) error {
 	obj, exists, err := a.pods.GetByKey(key)
-	if err != nil || !exists {
+	if err != nil {
 		return err
+	}
+	a.mu.Lock()
+	old := a.running[key]
+	a.mu.Unlock()
+	if old != nil && (!exists || obj.(*corev1.Pod).UID != old.UID) {
+		if err := a.runtime.KillPod(ctx, old, 0); err != nil {
+			return err
+		}
+		a.setRunning(key, nil)
+	}
+	if !exists {
+		return nil
 	}
 	pod := obj.(*corev1.Pod)
 	if pod.DeletionTimestamp != nil {
@@ -157,6 +173,7 @@ func (a *Agent) syncPod(ctx context.Context, key string) error {
 		if err := a.runtime.KillPod(ctx, pod, grace); err != nil {
 			return err
 		}
+		a.setRunning(key, nil)
 		zero := int64(0)
 		err := a.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 			GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &pod.UID}})
@@ -168,6 +185,7 @@ func (a *Agent) syncPod(ctx context.Context, key string) error {
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 		return nil
 	}
+	a.setRunning(key, pod)
 	state, err := a.runtime.SyncPod(ctx, pod)
 	if err != nil {
 		return err
@@ -183,6 +201,16 @@ func (a *Agent) syncPod(ctx context.Context, key string) error {
 		return nil // the watch brings the newer version, which is synced again
 	}
 	return err
+}
+
+func (a *Agent) setRunning(key string, pod *corev1.Pod) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if pod == nil {
+		delete(a.running, key)
+		return
+	}
+	a.running[key] = pod
 }
 
 // registerNodes registers every hosted node, sixteen at a time.

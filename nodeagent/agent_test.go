@@ -1,0 +1,60 @@
+package nodeagent
+
+import (
+	"context"
+	"testing"
+
+	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/skiff-dev/skiff/config"
+)
+
+// TestSyncStopsVanishedAndReplacedPods: a pod force-deleted from the API, or replaced by a new pod of the
+// same name, is stopped in the runtime (its IP given back) although no deletion was ever seen for it.
+func TestSyncStopsVanishedAndReplacedPods(t *testing.T) {
+	rt := newSimulatedRuntime()
+	rt.setPodCIDR("n1", "10.9.0.0/24")
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "web", UID: "uid-1"},
+		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "web:1"}}}}
+	client := fake.NewSimpleClientset(pod.DeepCopy())
+	a := &Agent{cfg: &config.Agent{AdvertiseAddr: "10.0.0.1"}, logger: hclog.NewNullLogger(), runtime: rt, client: client,
+		nodes: map[string]bool{"n1": true}, running: map[string]*corev1.Pod{},
+		pods: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
+	ctx := context.Background()
+	running := func() int { rt.mu.Lock(); defer rt.mu.Unlock(); return len(rt.pods) }
+
+	a.pods.Add(pod)
+	if err := a.syncPod(ctx, "default/web"); err != nil {
+		t.Fatal(err)
+	}
+	if running() != 1 {
+		t.Fatalf("%d pods running after the first sync", running())
+	}
+	replacement := pod.DeepCopy()
+	replacement.UID = "uid-2"
+	a.pods.Update(replacement)
+	if err := a.syncPod(ctx, "default/web"); err != nil {
+		t.Fatal(err)
+	}
+	rt.mu.Lock()
+	_, oldRuns := rt.pods["uid-1"]
+	_, newRuns := rt.pods["uid-2"]
+	rt.mu.Unlock()
+	if oldRuns || !newRuns {
+		t.Fatalf("after the replacement: old running %v, new running %v", oldRuns, newRuns)
+	}
+	a.pods.Delete(replacement) // force-deleted: no deletionTimestamp was ever seen
+	if err := a.syncPod(ctx, "default/web"); err != nil {
+		t.Fatal(err)
+	}
+	if running() != 0 {
+		t.Fatalf("%d pods still running after the force delete", running())
+	}
+	if used := len(rt.ipam["n1"].used); used != 0 {
+		t.Fatalf("%d IPs still allocated", used)
+	}
+}
