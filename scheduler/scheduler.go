@@ -58,6 +58,7 @@ type Scheduler struct {
 	namespaces      corelisters.NamespaceLister
 	priorityClasses schedulinglisters.PriorityClassLister
 
+	nominated *nominator
 	nextStart int // where the next search for feasible nodes begins, so that nodes take turns
 	binds     chan struct{}
 	inflight  sync.WaitGroup
@@ -95,7 +96,7 @@ func New(cfg Config) *Scheduler {
 	s := &Scheduler{
 		client: cfg.Client, logger: cfg.Logger, rand: rand.New(rand.NewSource(seed)),
 		cache: NewCache(), filters: filterPlugins, scorers: scorePlugins,
-		binds: make(chan struct{}, cfg.BindWorkers),
+		binds: make(chan struct{}, cfg.BindWorkers), nominated: newNominator(),
 	}
 	s.queue = NewQueue(s.podPriority)
 	seen := map[string]bool{}
@@ -148,6 +149,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		UpdateFunc: func(_, obj any) { s.onPod(obj.(*corev1.Pod)) },
 		DeleteFunc: func(obj any) {
 			if pod, ok := unwrap[*corev1.Pod](obj); ok {
+				s.nominated.set(pod, "")
 				s.cache.RemovePod(pod.UID)
 				s.queue.Delete(pod)
 				if pod.Spec.NodeName != "" {
@@ -201,13 +203,16 @@ func (s *Scheduler) onPod(pod *corev1.Pod) {
 	switch {
 	case pod.Spec.NodeName != "":
 		s.queue.Delete(pod)
+		s.nominated.set(pod, "")
 		s.cache.SetPod(pod)
 		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			s.queue.MoveAll()
 		}
 	case pod.DeletionTimestamp != nil || pod.Spec.SchedulerName != SchedulerName:
 		s.queue.Delete(pod)
+		s.nominated.set(pod, "")
 	default:
+		s.nominated.set(pod, pod.Status.NominatedNodeName) // also rebuilds the picture after a leader change
 		s.queue.Add(pod)
 	}
 }
@@ -256,6 +261,7 @@ func (s *Scheduler) scheduleOne(ctx context.Context, qp *queuedPod) {
 	if fitErr != nil {
 		if candidate != nil {
 			nominated = candidate.node
+			s.nominated.set(pod, nominated) // the room is the pod's from now, before the informer says so
 			s.preempt(ctx, pod, candidate)
 		}
 		s.queue.Unschedulable(qp)
@@ -332,7 +338,7 @@ func (s *Scheduler) decide(ctx context.Context, info *PodInfo, snap *Snapshot) (
 	}
 	// A nominated node (from an earlier preemption) is tried first, so the pod lands where room was made.
 	if nominated := pod.Status.NominatedNodeName; nominated != "" {
-		if n := snap.Node(nominated); n != nil && s.runFilters(ctx, state, pod, n).IsSuccess() {
+		if n := snap.Node(nominated); n != nil && s.filterWithNominated(ctx, state, pod, n).IsSuccess() {
 			return nominated, nil
 		}
 	}
@@ -363,7 +369,7 @@ func (s *Scheduler) findFeasible(ctx context.Context, state *CycleState, pod *co
 	checked := 0
 	for ; checked < len(nodes) && len(feasible) < want; checked++ {
 		n := nodes[(start+checked)%len(nodes)]
-		st := s.runFilters(ctx, state, pod, n)
+		st := s.filterWithNominated(ctx, state, pod, n)
 		if st.IsSuccess() {
 			feasible = append(feasible, n)
 			continue
