@@ -113,27 +113,13 @@ func DefaultAgentFile() *AgentFile {
 	}
 }
 
-// Merge layers o over f.
-func (f *AgentFile) Merge(o *AgentFile) {
-	if o != nil {
-		mergeFields(f, o)
-	}
-}
-
 // LoadAgent reads the file at path (if not empty), layers it over the defaults and flags over it, then
 // resolves and validates the result.
 func LoadAgent(path string, flags *AgentFile) (*Agent, error) {
-	merged := DefaultAgentFile()
-	src := &source{}
-	if path != "" {
-		var file AgentFile
-		var err error
-		if src, err = parseFile(path, &file); err != nil {
-			return nil, err
-		}
-		merged.Merge(&file)
+	merged, src, err := layer(path, DefaultAgentFile(), flags)
+	if err != nil {
+		return nil, err
 	}
-	merged.Merge(flags)
 	return resolveAgent(merged, src)
 }
 

@@ -195,3 +195,21 @@ func mergeFields(dst, src any) {
 		}
 	}
 }
+
+// layer reads the file at path (if not empty) into a fresh F and layers it over defaults, then flags (which
+// may be nil) over that: the one layering every configuration kind goes through.
+func layer[F any](path string, defaults, flags *F) (*F, *source, error) {
+	src := &source{}
+	if path != "" {
+		var file F
+		var err error
+		if src, err = parseFile(path, &file); err != nil {
+			return nil, nil, err
+		}
+		mergeFields(defaults, &file)
+	}
+	if flags != nil {
+		mergeFields(defaults, flags)
+	}
+	return defaults, src, nil
+}

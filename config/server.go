@@ -10,8 +10,8 @@ import (
 	"time"
 )
 
-// ServerFile is the schema of a server configuration file. Pointers mark optional keys, so that Merge can
-// tell "not set" from a zero value.
+// ServerFile is the schema of a server configuration file. Pointers mark optional keys, so that layering
+// can tell "not set" from a zero value.
 type ServerFile struct {
 	Name          *string      `hcl:"name,optional"`
 	DataDir       *string      `hcl:"data_dir,optional"`
@@ -113,7 +113,7 @@ func (s *Server) AdvertiseRaftAddr() string {
 	return net.JoinHostPort(s.AdvertiseAddr, strconv.Itoa(s.Ports.Raft))
 }
 
-// DefaultServerFile holds the defaults, in file form so that one Merge layers them.
+// DefaultServerFile holds the defaults, in file form so that the file and flags layer over them.
 func DefaultServerFile() *ServerFile {
 	host, _ := os.Hostname()
 	return &ServerFile{
@@ -137,28 +137,13 @@ func DefaultServerFile() *ServerFile {
 
 func ptr[T any](v T) *T { return &v }
 
-// Merge layers o over f: every key set in o wins.
-func (f *ServerFile) Merge(o *ServerFile) {
-	if o == nil {
-		return
-	}
-	mergeFields(f, o)
-}
-
 // LoadServer reads the file at path (if not empty), layers it over the defaults and flags over it, then
 // resolves and validates the result.
 func LoadServer(path string, flags *ServerFile) (*Server, error) {
-	merged := DefaultServerFile()
-	src := &source{}
-	if path != "" {
-		var file ServerFile
-		var err error
-		if src, err = parseFile(path, &file); err != nil {
-			return nil, err
-		}
-		merged.Merge(&file)
+	merged, src, err := layer(path, DefaultServerFile(), flags)
+	if err != nil {
+		return nil, err
 	}
-	merged.Merge(flags)
 	return resolveServer(merged, src)
 }
 
