@@ -113,6 +113,7 @@ type CycleState struct {
 	NodeCount  int
 	ImageNodes map[string]int
 	allNodes   []*NodeInfo
+	nominated  map[string][]*PodInfo // pods nominated to each node ahead of this one
 	data       map[string]any
 }
 

@@ -199,22 +199,22 @@ func newAffinityTerm(pod *corev1.Pod, t corev1.PodAffinityTerm, weight int32) Af
 			sel = s
 		}
 	}
-	for _, key := range t.MatchLabelKeys {
-		if v, ok := pod.Labels[key]; ok {
-			if r, err := labels.NewRequirement(key, selection.In, []string{v}); err == nil {
-				sel = sel.Add(*r)
-			}
-		}
-	}
-	for _, key := range t.MismatchLabelKeys {
-		if v, ok := pod.Labels[key]; ok {
-			if r, err := labels.NewRequirement(key, selection.NotIn, []string{v}); err == nil {
-				sel = sel.Add(*r)
-			}
-		}
-	}
-	term.Selector = sel
+	sel = withPodLabelKeys(sel, pod, t.MatchLabelKeys, selection.In)
+	term.Selector = withPodLabelKeys(sel, pod, t.MismatchLabelKeys, selection.NotIn)
 	return term
+}
+
+// withPodLabelKeys adds to a selector, for each key the pod has a label for, a requirement that the key be
+// (In) or not be (NotIn) the pod's own value: matchLabelKeys and mismatchLabelKeys.
+func withPodLabelKeys(sel labels.Selector, pod *corev1.Pod, keys []string, op selection.Operator) labels.Selector {
+	for _, key := range keys {
+		if v, ok := pod.Labels[key]; ok {
+			if r, err := labels.NewRequirement(key, op, []string{v}); err == nil {
+				sel = sel.Add(*r)
+			}
+		}
+	}
+	return sel
 }
 
 // NodeInfo is a node with the pods bound or assumed on it and their totals.

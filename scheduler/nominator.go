@@ -42,25 +42,30 @@ func (n *nominator) set(pod *corev1.Pod, node string) {
 	n.nodeOf[pod.UID] = node
 }
 
-// ahead returns the pods nominated to a node that go before a pod of the given priority: those of the same
-// or higher priority, other than the pod itself.
-func (n *nominator) ahead(node string, pod *corev1.Pod, priority int32, priorityOf func(*corev1.Pod) int32) []*PodInfo {
+// ahead returns, by node, the nominated pods that go before a pod of the given priority: those of the same
+// or higher priority, other than the pod itself. It is taken once per scheduling cycle.
+func (n *nominator) ahead(pod *corev1.Pod, priority int32, priorityOf func(*corev1.Pod) int32) map[string][]*PodInfo {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var out []*PodInfo
-	for uid, p := range n.byNode[node] {
-		if uid != pod.UID && priorityOf(p.Pod) >= priority {
-			out = append(out, p)
+	var out map[string][]*PodInfo
+	for node, pods := range n.byNode {
+		for uid, p := range pods {
+			if uid != pod.UID && priorityOf(p.Pod) >= priority {
+				if out == nil {
+					out = map[string][]*PodInfo{}
+				}
+				out[node] = append(out[node], p)
+			}
 		}
 	}
 	return out
 }
 
 // filterWithNominated runs the filters on a node as it will be once the pods nominated to it ahead of this
-// one are placed. The pre-filter state (affinity and spread counts) does not include them; resources and
-// ports, which preemption frees, do.
+// one (state.nominated) are placed. The pre-filter state (affinity and spread counts) does not include them;
+// resources and ports, which preemption frees, do.
 func (s *Scheduler) filterWithNominated(ctx context.Context, state *CycleState, pod *corev1.Pod, n *NodeInfo) *Status {
-	ahead := s.nominated.ahead(n.Name(), pod, s.podPriority(pod), s.podPriority)
+	ahead := state.nominated[n.Name()]
 	if len(ahead) == 0 {
 		return s.runFilters(ctx, state, pod, n)
 	}

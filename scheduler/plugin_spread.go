@@ -43,13 +43,7 @@ func (p podTopologySpread) constraints(pod *corev1.Pod, when corev1.Unsatisfiabl
 				sel = s
 			}
 		}
-		for _, key := range c.MatchLabelKeys {
-			if v, ok := pod.Labels[key]; ok {
-				if r, err := labels.NewRequirement(key, selection.In, []string{v}); err == nil {
-					sel = sel.Add(*r)
-				}
-			}
-		}
+		sel = withPodLabelKeys(sel, pod, c.MatchLabelKeys, selection.In)
 		sc := &spreadConstraint{maxSkew: c.MaxSkew, topologyKey: c.TopologyKey, selector: sel, counts: map[string]int{}, minDomains: 1}
 		if c.MinDomains != nil {
 			sc.minDomains = *c.MinDomains
