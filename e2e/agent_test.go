@@ -60,13 +60,7 @@ func TestSimulatedAgentRunsPods(t *testing.T) {
 	c := proctest.NewCluster(t, 1, fmt.Sprintf("token = %q", joinToken))
 	c.Start(c.Procs[0])
 	k := kubectl{t: t, kubeconfig: c.Procs[0].Kubeconfig()}
-	proctest.WaitFor(t, "the API", 60*time.Second, func() error {
-		out, err := k.run("get", "namespace", "default")
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		return nil
-	})
+	k.waitForAPI("default")
 	server := apiAddr(t, c.Procs[0].Kubeconfig())
 
 	// A wrong token: the CA check fails and the agent stops with a clear error.

@@ -50,6 +50,17 @@ func (k kubectl) fails(args ...string) string {
 	return out
 }
 
+// waitForAPI waits until kubectl can read a namespace through this kubeconfig.
+func (k kubectl) waitForAPI(namespace string) {
+	k.t.Helper()
+	proctest.WaitFor(k.t, "the API through "+k.kubeconfig, 60*time.Second, func() error {
+		if out, err := k.run("get", "namespace", namespace); err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+}
+
 func mustContain(t *testing.T, what, out string, wants ...string) {
 	t.Helper()
 	for _, w := range wants {
@@ -72,13 +83,7 @@ func TestKubectlAgainstThreeServers(t *testing.T) {
 	var ks []kubectl
 	for _, p := range c.Procs {
 		k := kubectl{t: t, kubeconfig: p.Kubeconfig()}
-		proctest.WaitFor(t, p.Name+" to serve the API", 60*time.Second, func() error {
-			out, err := k.run("get", "namespace", "kube-system")
-			if err != nil {
-				return fmt.Errorf("%v: %s", err, out)
-			}
-			return nil
-		})
+		k.waitForAPI("kube-system")
 		ks = append(ks, k)
 	}
 	k1, k2, k3 := ks[0], ks[1], ks[2]

@@ -51,13 +51,7 @@ func TestSchedulerWithKubectlAndLeaderFailover(t *testing.T) {
 		}
 	}
 	k := kubectl{t: t, kubeconfig: follower.Kubeconfig()}
-	proctest.WaitFor(t, "the API", 60*time.Second, func() error {
-		out, err := k.run("get", "namespace", "default")
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		return nil
-	})
+	k.waitForAPI("default")
 	mustContain(t, "apply nodes", k.ok("apply", "-f", "testdata/nodes.yaml"), "node/sim-1 created", "node/sim-3 created")
 
 	// kubectl: FailedScheduling, then a label makes room.
