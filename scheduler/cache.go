@@ -176,20 +176,3 @@ func (s *Snapshot) Node(name string) *NodeInfo {
 	}
 	return nil
 }
-
-// Counts returns the number of nodes and of pods in the cache, for metrics and tests.
-func (c *Cache) Counts() (nodes, pods, assumed int) {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	for _, p := range c.pods {
-		if p.assumed {
-			assumed++
-		}
-	}
-	for _, n := range c.nodes {
-		if n.Node != nil {
-			nodes++
-		}
-	}
-	return nodes, len(c.pods), assumed
-}

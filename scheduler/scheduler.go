@@ -114,12 +114,6 @@ func New(cfg Config) *Scheduler {
 	return s
 }
 
-// Cache returns the scheduler's node and pod cache.
-func (s *Scheduler) Cache() *Cache { return s.cache }
-
-// Queue returns the scheduling queue.
-func (s *Scheduler) Queue() *Queue { return s.queue }
-
 // Run schedules until ctx ends (the leader lost its leadership). It builds its cache from informers
 // first, so that a new leader carries on where the old one stopped.
 func (s *Scheduler) Run(ctx context.Context) error {
