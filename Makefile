@@ -11,8 +11,10 @@ all: build
 setup:
 	@scripts/setup.sh
 
+# bin/skiff-pause is the pod sandbox's pause process; agents build their pause image from it.
 build:
 	$(GO) build -o $(BIN) ./cmd/skiff
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/skiff-pause ./cmd/skiff-pause
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi

@@ -41,10 +41,20 @@ func configMapData(o runtime.Object) interface{} {
 	return int64(len(cm.Data) + len(cm.BinaryData))
 }
 
+// defaultSecret sets the type and folds the write-only stringData into data (stringData wins), as the
+// conversion to the internal type does in kube-apiserver.
 func defaultSecret(o runtime.Object) {
-	if s := o.(*corev1.Secret); s.Type == "" {
+	s := o.(*corev1.Secret)
+	if s.Type == "" {
 		s.Type = corev1.SecretTypeOpaque
 	}
+	if len(s.StringData) > 0 && s.Data == nil {
+		s.Data = map[string][]byte{}
+	}
+	for k, v := range s.StringData {
+		s.Data[k] = []byte(v)
+	}
+	s.StringData = nil
 }
 
 func secretFields(o runtime.Object) fields.Set {

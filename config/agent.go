@@ -31,6 +31,7 @@ type AgentBlock struct {
 	Token            *string           `hcl:"token,optional"`
 	CAFile           *string           `hcl:"ca_file,optional"`
 	ContainerdSocket *string           `hcl:"containerd_socket,optional"`
+	PauseImage       *string           `hcl:"pause_image,optional"`
 	PodCIDR          *string           `hcl:"pod_cidr,optional"`
 	NodeLabels       map[string]string `hcl:"node_labels,optional"`
 	NodeTaints       []string          `hcl:"node_taints,optional"`
@@ -75,13 +76,15 @@ type Agent struct {
 	Token            string
 	CAFile           string
 	ContainerdSocket string
-	PodCIDR          string
-	NodeLabels       map[string]string
-	NodeTaints       []corev1.Taint
-	MaxPods          int
-	Runtime          string
-	Registries       []Registry
-	Simulated        Simulated
+	// PauseImage is the sandbox image; empty means the one the agent builds from the skiff-pause binary.
+	PauseImage string
+	PodCIDR    string
+	NodeLabels map[string]string
+	NodeTaints []corev1.Taint
+	MaxPods    int
+	Runtime    string
+	Registries []Registry
+	Simulated  Simulated
 }
 
 // Registry is the resolved configuration of one registry host.
@@ -134,7 +137,7 @@ func resolveAgent(f *AgentFile, src *source) (*Agent, error) {
 		from *string
 		to   *string
 	}{{f.DataDir, &a.DataDir}, {f.AdvertiseAddr, &a.AdvertiseAddr}, {b.Token, &a.Token}, {b.CAFile, &a.CAFile},
-		{b.ContainerdSocket, &a.ContainerdSocket}, {b.PodCIDR, &a.PodCIDR}} {
+		{b.ContainerdSocket, &a.ContainerdSocket}, {b.PodCIDR, &a.PodCIDR}, {b.PauseImage, &a.PauseImage}} {
 		if opt.from != nil {
 			*opt.to = *opt.from
 		}

@@ -16,37 +16,57 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/skiff-dev/skiff/config"
 )
 
 // Agent runs the pods bound to its nodes.
 type Agent struct {
-	cfg     *config.Agent
-	logger  hclog.Logger
-	runtime Runtime
-	client  kubernetes.Interface
-	nodes   map[string]bool // the nodes this agent hosts
-	pods    cache.Indexer
-	queue   workqueue.TypedRateLimitingInterface[string]
+	cfg      *config.Agent
+	logger   hclog.Logger
+	runtime  Runtime
+	client   kubernetes.Interface
+	recorder record.EventRecorder
+	nodes    map[string]bool // the nodes this agent hosts
+	pods     cache.Indexer
+	ctx      context.Context
+
+	mu sync.Mutex
+	// workers holds one goroutine per pod, by namespace/name: a pod's syncs never overlap, and a pod that
+	// waits out a long grace period holds up no other pod.
+	workers map[string]*podWorker
 	// running is the last version of each pod the runtime was asked to run, by namespace/name, so that a
 	// pod that vanished (force-deleted) or was replaced (same name, new UID) is still stopped.
-	mu      sync.Mutex
 	running map[string]*corev1.Pod
+	wg      sync.WaitGroup
+	// statusWrites bounds the concurrent status writes, so that thousands of pods starting at once (a
+	// simulated node's, say) queue here rather than at the servers' in-flight limit.
+	statusWrites chan struct{}
 }
 
-// New builds an agent. Only the simulated runtime exists so far; the containerd runtime is the next step.
+// podWorker is a pod's goroutine; kick wakes it for one more sync.
+type podWorker struct {
+	kick chan struct{}
+}
+
+// New builds an agent.
 func New(cfg *config.Agent, logger hclog.Logger) (*Agent, error) {
-	a := &Agent{cfg: cfg, logger: logger, nodes: map[string]bool{}, running: map[string]*corev1.Pod{}}
+	a := &Agent{cfg: cfg, logger: logger, nodes: map[string]bool{}, workers: map[string]*podWorker{},
+		running: map[string]*corev1.Pod{}, statusWrites: make(chan struct{}, 16)}
 	switch cfg.Runtime {
 	case config.RuntimeSimulated:
 		a.runtime = newSimulatedRuntime()
+	case config.RuntimeContainerd:
+		// Connected in Run, which has the context that supervises a private containerd.
 	default:
-		return nil, fmt.Errorf("agent.runtime %q is not available in this build yet; use \"simulated\"", cfg.Runtime)
+		return nil, fmt.Errorf("agent.runtime %q is not one of containerd, simulated", cfg.Runtime)
 	}
 	for _, name := range a.nodeNames() {
 		a.nodes[name] = true
@@ -68,9 +88,12 @@ func (a *Agent) nodeNames() []string {
 
 // Run joins the cluster, registers the nodes and runs their pods until ctx ends.
 //  1. Fetch and check the cluster CA, and authenticate with the join token; a refusal stops the agent.
-//  2. Register each Node: capacity, addresses, labels, taints, nodeInfo, Ready.
-//  3. Watch the pods bound to the nodes and sync each one in its worker.
+//  2. Connect to containerd (starting a private one when none is configured).
+//  3. Register each Node: capacity, addresses, labels, taints, nodeInfo, Ready.
+//  4. Watch the pods bound to the nodes; remove what runs of pods that no longer exist; then sync each pod
+//     in its own worker.
 func (a *Agent) Run(ctx context.Context) error {
+	a.ctx = ctx
 	restCfg, err := restConfig(ctx, a.cfg, a.cfg.Name)
 	if err != nil {
 		return err
@@ -78,10 +101,32 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.client, err = kubernetes.NewForConfig(restCfg); err != nil {
 		return err
 	}
-	if _, err := a.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1}); apierrors.IsUnauthorized(err) {
-		return ErrJoinRefused
-	} else if err != nil {
-		return fmt.Errorf("reaching the API at %v: %w", a.cfg.Servers, err)
+	// The servers may still be electing a leader: wait for the API, but stop at once on a refused token.
+	for {
+		_, err := a.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
+		if apierrors.IsUnauthorized(err) {
+			return ErrJoinRefused
+		} else if err == nil {
+			break
+		}
+		a.logger.Warn("waiting for the API", "servers", a.cfg.Servers, "error", err)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("reaching the API at %v: %w", a.cfg.Servers, err)
+		case <-time.After(2 * time.Second):
+		}
+	}
+	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
+	defer broadcaster.Shutdown()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
+	a.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: a.cfg.Name})
+	if a.cfg.Runtime == config.RuntimeContainerd {
+		rt, err := newContainerdRuntime(ctx, a.cfg, a.logger)
+		if err != nil {
+			return err
+		}
+		defer rt.Close()
+		a.runtime = rt
 	}
 	if err := a.registerNodes(ctx); err != nil {
 		return err
@@ -96,111 +141,213 @@ func (a *Agent) Run(ctx context.Context) error {
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = selector }))
 	podInformer := factory.Core().V1().Pods().Informer()
 	a.pods = podInformer.GetIndexer()
-	a.queue = workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
 	enqueue := func(obj any) {
 		if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = tomb.Obj
 		}
 		if pod, ok := obj.(*corev1.Pod); ok && a.nodes[pod.Spec.NodeName] {
-			a.queue.Add(pod.Namespace + "/" + pod.Name)
+			a.kick(pod.Namespace+"/"+pod.Name, 0)
 		}
 	}
-	podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, UpdateFunc: func(_, o any) { enqueue(o) }, DeleteFunc: enqueue})
-	factory.Start(ctx.Done())
+	defer func() {
+		a.wg.Wait() // the workers end with ctx
+	}()
 	defer factory.Shutdown()
+	podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, DeleteFunc: enqueue, UpdateFunc: func(old, cur any) {
+		if agentRelevantChange(old.(*corev1.Pod), cur.(*corev1.Pod)) {
+			enqueue(cur)
+		}
+	}})
+	factory.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced) {
 		return ctx.Err()
 	}
-	var wg sync.WaitGroup
-	for i := 0; i < 8; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for a.processNext(ctx) {
-			}
-		}()
+	known := map[types.UID]bool{}
+	for _, obj := range a.pods.List() {
+		known[obj.(*corev1.Pod).UID] = true
+	}
+	if err := a.runtime.Cleanup(ctx, func(uid types.UID) bool { return known[uid] }); err != nil {
+		a.logger.Warn("removing the containers of deleted pods", "error", err)
+	}
+	if a.cfg.Runtime == config.RuntimeContainerd {
+		go a.resyncAll(ctx, 30*time.Second)
 	}
 	<-ctx.Done()
-	a.queue.ShutDown()
-	wg.Wait()
 	return nil
 }
 
-func (a *Agent) processNext(ctx context.Context) bool {
-	key, quit := a.queue.Get()
-	if quit {
-		return false
-	}
-	defer a.queue.Done(key)
-	if err := a.syncPod(ctx, key); err != nil {
-		if ctx.Err() == nil {
-			a.logger.Warn("syncing pod", "pod", key, "error", err)
-		}
-		a.queue.AddRateLimited(key)
-		return true
-	}
-	a.queue.Forget(key)
-	return true
+// agentRelevantChange tells whether an update asks anything new of the agent. Like the kubelet, it ignores
+// status-only updates, its own included: a sync right after each status write would cut short the states the
+// status shows for a while (ErrImagePull before ImagePullBackOff, say).
+func agentRelevantChange(old, cur *corev1.Pod) bool {
+	return old.UID != cur.UID || !apiequality.Semantic.DeepEqual(old.Spec, cur.Spec) ||
+		!apiequality.Semantic.DeepEqual(old.Labels, cur.Labels) || !apiequality.Semantic.DeepEqual(old.Annotations, cur.Annotations) ||
+		!old.DeletionTimestamp.Equal(cur.DeletionTimestamp) || !ptrEqual(old.DeletionGracePeriodSeconds, cur.DeletionGracePeriodSeconds) ||
+		old.Status.Phase != cur.Status.Phase
 }
 
-// syncPod computes what a pod needs, then does it:
+func ptrEqual[T comparable](a, b *T) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+
+// resyncAll syncs every pod periodically, as the kubelet does, to catch what no event announces (a sandbox
+// that died, say).
+func (a *Agent) resyncAll(ctx context.Context, every time.Duration) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			for _, key := range a.pods.ListKeys() {
+				a.kick(key, 0)
+			}
+		}
+	}
+}
+
+// kick asks for a sync of the pod, after a delay when after > 0; it starts the pod's worker when needed.
+func (a *Agent) kick(key string, after time.Duration) {
+	if after > 0 {
+		time.AfterFunc(after, func() { a.kick(key, 0) })
+		return
+	}
+	if a.ctx.Err() != nil {
+		return
+	}
+	a.mu.Lock()
+	w := a.workers[key]
+	if w == nil {
+		w = &podWorker{kick: make(chan struct{}, 1)}
+		a.workers[key] = w
+		a.wg.Add(1)
+		go a.runWorker(key, w)
+	}
+	a.mu.Unlock()
+	select {
+	case w.kick <- struct{}{}:
+	default: // a sync is already due; it will see the latest pod
+	}
+}
+
+// runWorker syncs one pod whenever kicked, retries failures with backoff (0.5 s doubling to 30 s), and ends
+// when the pod is gone and nothing of it runs.
+func (a *Agent) runWorker(key string, w *podWorker) {
+	defer a.wg.Done()
+	failures := 0
+	for {
+		select {
+		case <-a.ctx.Done():
+			return
+		case <-w.kick:
+		}
+		done, err := a.syncPod(a.ctx, key)
+		if err != nil && a.ctx.Err() == nil {
+			a.logger.Warn("syncing pod", "pod", key, "error", err)
+			failures++
+			a.kick(key, min(250*time.Millisecond<<min(failures, 8), 30*time.Second))
+		} else {
+			failures = 0
+		}
+		if done {
+			a.mu.Lock()
+			if len(w.kick) == 0 {
+				delete(a.workers, key)
+				a.mu.Unlock()
+				return
+			}
+			a.mu.Unlock()
+		}
+	}
+}
+
+// syncPod computes what a pod needs, then does it; done is true once the pod is gone and nothing of it runs.
 //  1. gone from the API, or replaced by a new pod of the same name: stop what still runs of the old one;
 //  2. being deleted: kill its containers within the grace period, then confirm with a grace-0 delete;
-//  3. otherwise: bring it up with the runtime and write its status if it changed.
-func (a *Agent) syncPod(ctx context.Context, key string) error {
+//  3. finished (Succeeded or Failed): make sure its containers and sandbox are removed; the status stays;
+//  4. otherwise: bring it up with the runtime and write its status if it changed.
+func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 	obj, exists, err := a.pods.GetByKey(key)
 	if err != nil {
-		return err
+		return false, err
 	}
 	a.mu.Lock()
 	old := a.running[key]
 	a.mu.Unlock()
 	if old != nil && (!exists || obj.(*corev1.Pod).UID != old.UID) {
-		if err := a.runtime.KillPod(ctx, old, 0); err != nil {
-			return err
+		if err := a.runtime.KillPod(ctx, old, a.graceOf(key, old)); err != nil {
+			return false, err
 		}
 		a.setRunning(key, nil)
 	}
 	if !exists {
-		return nil
+		return true, nil
 	}
 	pod := obj.(*corev1.Pod)
 	if pod.DeletionTimestamp != nil {
-		grace := time.Duration(0)
-		if pod.DeletionGracePeriodSeconds != nil {
-			grace = time.Duration(*pod.DeletionGracePeriodSeconds) * time.Second
-		}
-		if err := a.runtime.KillPod(ctx, pod, grace); err != nil {
-			return err
+		if err := a.runtime.KillPod(ctx, pod, a.graceOf(key, pod)); err != nil {
+			return false, err
 		}
 		a.setRunning(key, nil)
 		zero := int64(0)
 		err := a.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 			GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &pod.UID}})
 		if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-			return nil // already gone, or a new pod of the same name
+			return false, nil // already gone, or a new pod of the same name; the watch says which
 		}
-		return err
+		return false, err
 	}
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
-		return nil
+		a.setRunning(key, nil)
+		return false, a.runtime.KillPod(ctx, pod, func() time.Duration { return 0 })
 	}
 	a.setRunning(key, pod)
-	state, err := a.runtime.SyncPod(ctx, pod)
-	if err != nil {
-		return err
+	state, syncErr := a.runtime.SyncPod(ctx, pod)
+	if state == nil {
+		return false, syncErr
 	}
 	status := podStatus(pod, state, a.cfg.AdvertiseAddr)
 	if apiequality.Semantic.DeepEqual(status, pod.Status) {
-		return nil
+		return false, syncErr
 	}
 	updated := pod.DeepCopy()
 	updated.Status = status
-	_, err = a.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{})
-	if apierrors.IsNotFound(err) || apierrors.IsConflict(err) {
-		return nil // the watch brings the newer version, which is synced again
+	select {
+	case a.statusWrites <- struct{}{}:
+	case <-ctx.Done():
+		return false, ctx.Err()
 	}
-	return err
+	_, err = a.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{})
+	<-a.statusWrites
+	if apierrors.IsConflict(err) {
+		a.kick(key, 100*time.Millisecond) // a newer version is on its way; sync against it
+		return false, syncErr
+	}
+	if apierrors.IsNotFound(err) {
+		return false, syncErr
+	}
+	if err != nil {
+		return false, err
+	}
+	if status.Phase == corev1.PodSucceeded || status.Phase == corev1.PodFailed {
+		// Finished: its containers and sandbox go now; the status stays for the user.
+		a.setRunning(key, nil)
+		return false, a.runtime.KillPod(ctx, pod, func() time.Duration { return 0 })
+	}
+	return false, syncErr
+}
+
+// graceOf is the pod's grace period as the API says now: the API may shorten it while the agent waits.
+func (a *Agent) graceOf(key string, pod *corev1.Pod) func() time.Duration {
+	return func() time.Duration {
+		latest := pod
+		if obj, ok, _ := a.pods.GetByKey(key); ok && obj.(*corev1.Pod).UID == pod.UID {
+			latest = obj.(*corev1.Pod)
+		}
+		if latest.DeletionGracePeriodSeconds != nil {
+			return time.Duration(*latest.DeletionGracePeriodSeconds) * time.Second
+		}
+		return 0
+	}
 }
 
 func (a *Agent) setRunning(key string, pod *corev1.Pod) {
@@ -211,6 +358,31 @@ func (a *Agent) setRunning(key string, pod *corev1.Pod) {
 		return
 	}
 	a.running[key] = pod
+}
+
+// apiObjects reads the ConfigMaps and Secrets that pods refer to from the API.
+type apiObjects struct{ client kubernetes.Interface }
+
+func (o apiObjects) ConfigMap(ctx context.Context, namespace, name string) (*corev1.ConfigMap, error) {
+	return o.client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+func (o apiObjects) Secret(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
+	return o.client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+// registered hands a registered Node's pod CIDR and allocatable to the runtime.
+func (a *Agent) registered(node *corev1.Node) {
+	switch rt := a.runtime.(type) {
+	case *simulatedRuntime:
+		if node.Spec.PodCIDR != "" {
+			rt.setPodCIDR(node.Name, node.Spec.PodCIDR)
+		}
+	case *containerdRuntime:
+		rt.attach(apiObjects{a.client}, a.recorder, func(pod *corev1.Pod, after time.Duration) {
+			a.kick(pod.Namespace+"/"+pod.Name, after)
+		}, node)
+	}
 }
 
 // registerNodes registers every hosted node, sixteen at a time.
@@ -229,10 +401,8 @@ func (a *Agent) registerNodes(ctx context.Context) error {
 		go func() {
 			defer func() { <-sem; wg.Done() }()
 			node, err := registerNode(ctx, a.client, a.nodeSpec(i, name, host))
-			if errs[i] = err; err == nil && node.Spec.PodCIDR != "" {
-				if sim, ok := a.runtime.(*simulatedRuntime); ok {
-					sim.setPodCIDR(name, node.Spec.PodCIDR)
-				}
+			if errs[i] = err; err == nil {
+				a.registered(node)
 			}
 		}()
 	}

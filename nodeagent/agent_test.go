@@ -22,13 +22,13 @@ func TestSyncStopsVanishedAndReplacedPods(t *testing.T) {
 		Spec: corev1.PodSpec{NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "web:1"}}}}
 	client := fake.NewSimpleClientset(pod.DeepCopy())
 	a := &Agent{cfg: &config.Agent{AdvertiseAddr: "10.0.0.1"}, logger: hclog.NewNullLogger(), runtime: rt, client: client,
-		nodes: map[string]bool{"n1": true}, running: map[string]*corev1.Pod{},
+		nodes: map[string]bool{"n1": true}, running: map[string]*corev1.Pod{}, statusWrites: make(chan struct{}, 1),
 		pods: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
 	ctx := context.Background()
 	running := func() int { rt.mu.Lock(); defer rt.mu.Unlock(); return len(rt.pods) }
 
 	a.pods.Add(pod)
-	if err := a.syncPod(ctx, "default/web"); err != nil {
+	if _, err := a.syncPod(ctx, "default/web"); err != nil {
 		t.Fatal(err)
 	}
 	if running() != 1 {
@@ -37,7 +37,7 @@ func TestSyncStopsVanishedAndReplacedPods(t *testing.T) {
 	replacement := pod.DeepCopy()
 	replacement.UID = "uid-2"
 	a.pods.Update(replacement)
-	if err := a.syncPod(ctx, "default/web"); err != nil {
+	if _, err := a.syncPod(ctx, "default/web"); err != nil {
 		t.Fatal(err)
 	}
 	rt.mu.Lock()
@@ -48,7 +48,7 @@ func TestSyncStopsVanishedAndReplacedPods(t *testing.T) {
 		t.Fatalf("after the replacement: old running %v, new running %v", oldRuns, newRuns)
 	}
 	a.pods.Delete(replacement) // force-deleted: no deletionTimestamp was ever seen
-	if err := a.syncPod(ctx, "default/web"); err != nil {
+	if _, err := a.syncPod(ctx, "default/web"); err != nil {
 		t.Fatal(err)
 	}
 	if running() != 0 {

@@ -16,15 +16,20 @@ type Runtime interface {
 	Version() string
 	// SyncPod brings a pod's sandbox and containers to what its spec asks and returns their state.
 	SyncPod(ctx context.Context, pod *corev1.Pod) (*PodState, error)
-	// KillPod stops a pod's containers within the grace period and removes them and the sandbox.
-	KillPod(ctx context.Context, pod *corev1.Pod, grace time.Duration) error
+	// KillPod stops a pod's containers within the grace period and removes them, the sandbox and the volumes.
+	// grace is asked again while waiting, because the API may shorten it.
+	KillPod(ctx context.Context, pod *corev1.Pod, grace func() time.Duration) error
+	// Cleanup removes what runs of pods that keep does not know: pods deleted while the agent was down.
+	Cleanup(ctx context.Context, keep func(uid types.UID) bool) error
 }
 
 // PodState is what a runtime reports of a pod.
 type PodState struct {
-	IP         string
-	Started    time.Time
-	Containers []corev1.ContainerStatus
+	IP      string
+	Started time.Time
+	// SandboxReady is whether the pod's sandbox and network are up.
+	SandboxReady bool
+	Containers   []corev1.ContainerStatus
 	// InitContainers are the init containers' statuses, in order.
 	InitContainers []corev1.ContainerStatus
 }
@@ -73,7 +78,7 @@ func (r *simulatedRuntime) SyncPod(_ context.Context, pod *corev1.Pod) (*PodStat
 	}
 	r.mu.Unlock()
 	started := p.started
-	state := &PodState{Started: started, IP: p.ip}
+	state := &PodState{Started: started, IP: p.ip, SandboxReady: true}
 	for _, c := range pod.Spec.InitContainers {
 		state.InitContainers = append(state.InitContainers, corev1.ContainerStatus{
 			Name: c.Name, Image: c.Image, ImageID: "simulated://" + c.Image, Ready: true,
@@ -93,7 +98,9 @@ func (r *simulatedRuntime) SyncPod(_ context.Context, pod *corev1.Pod) (*PodStat
 	return state, nil
 }
 
-func (r *simulatedRuntime) KillPod(_ context.Context, pod *corev1.Pod, _ time.Duration) error {
+func (r *simulatedRuntime) Cleanup(context.Context, func(types.UID) bool) error { return nil }
+
+func (r *simulatedRuntime) KillPod(_ context.Context, pod *corev1.Pod, _ func() time.Duration) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if p, ok := r.pods[pod.UID]; ok && p.ip != "" {

@@ -28,17 +28,11 @@ func podStatus(pod *corev1.Pod, state *PodState, hostIP string) corev1.PodStatus
 			initialized = false
 		}
 	}
-	ready, running := len(state.Containers) > 0, false
+	ready := len(state.Containers) > 0
 	for _, c := range state.Containers {
 		ready = ready && c.Ready
-		running = running || c.State.Running != nil
 	}
-	switch {
-	case running && initialized:
-		status.Phase = corev1.PodRunning
-	default:
-		status.Phase = corev1.PodPending
-	}
+	status.Phase = podPhase(pod.Spec.RestartPolicy, state, initialized)
 	cond := func(t corev1.PodConditionType, ok bool) {
 		s := corev1.ConditionFalse
 		if ok {
@@ -54,9 +48,54 @@ func podStatus(pod *corev1.Pod, state *PodState, hostIP string) corev1.PodStatus
 		}
 		status.Conditions = append(status.Conditions, corev1.PodCondition{Type: t, Status: s, LastTransitionTime: metav1.Now()})
 	}
-	cond(corev1.PodReadyToStartContainers, true)
+	cond(corev1.PodReadyToStartContainers, state.SandboxReady)
 	cond(corev1.PodInitialized, initialized)
 	cond(corev1.ContainersReady, ready && initialized)
 	cond(corev1.PodReady, ready && initialized)
 	return status
+}
+
+// podPhase is the kubelet's phase rule. Containers that never ran keep the pod Pending; a container waiting
+// to restart counts as stopped, so a crash-looping pod is Running; once every container has stopped, the pod
+// is Succeeded or Failed unless restartPolicy will start them again.
+func podPhase(policy corev1.RestartPolicy, state *PodState, initialized bool) corev1.PodPhase {
+	if !initialized {
+		for _, c := range state.InitContainers {
+			if t := c.State.Terminated; t != nil && t.ExitCode != 0 && policy == corev1.RestartPolicyNever {
+				return corev1.PodFailed
+			}
+		}
+		return corev1.PodPending
+	}
+	running, waiting, stopped, succeeded := 0, 0, 0, 0
+	for _, c := range state.Containers {
+		switch {
+		case c.State.Running != nil:
+			running++
+		case c.State.Terminated != nil:
+			stopped++
+			if c.State.Terminated.ExitCode == 0 {
+				succeeded++
+			}
+		case c.LastTerminationState.Terminated != nil:
+			stopped++
+		default:
+			waiting++
+		}
+	}
+	switch {
+	case waiting > 0:
+		return corev1.PodPending
+	case running > 0:
+		return corev1.PodRunning
+	case stopped > 0 && policy == corev1.RestartPolicyAlways:
+		return corev1.PodRunning
+	case stopped > 0 && stopped == succeeded:
+		return corev1.PodSucceeded
+	case stopped > 0 && policy == corev1.RestartPolicyNever:
+		return corev1.PodFailed
+	case stopped > 0:
+		return corev1.PodRunning // OnFailure: the failed ones restart
+	}
+	return corev1.PodPending
 }

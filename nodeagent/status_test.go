@@ -49,7 +49,7 @@ func TestSimulatedPodStatus(t *testing.T) {
 		}
 	}
 	// A killed pod starts afresh.
-	if err := r.KillPod(context.Background(), pod, 0); err != nil {
+	if err := r.KillPod(context.Background(), pod, func() time.Duration { return 0 }); err != nil {
 		t.Fatal(err)
 	}
 	r.now = func() time.Time { return time.Unix(2000, 0) }

@@ -18,6 +18,7 @@ func runAgent(args []string) int {
 	configPath := fs.String("config", "", "HCL configuration file")
 	name := fs.String("name", "", "node name (overrides the file)")
 	dataDir := fs.String("data-dir", "", "data directory (overrides the file)")
+	teardown := fs.Bool("teardown", false, "remove every pod, network namespace, IP and the bridge this agent made on the host, then exit")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -37,6 +38,13 @@ func runAgent(args []string) int {
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		logger.Error("creating the data directory", "error", err)
 		return 1
+	}
+	if *teardown {
+		if err := nodeagent.Teardown(context.Background(), cfg, logger.Named("teardown")); err != nil {
+			logger.Error("teardown", "error", err)
+			return 1
+		}
+		return 0
 	}
 	agent, err := nodeagent.New(cfg, logger.Named("agent"))
 	if err != nil {

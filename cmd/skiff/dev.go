@@ -1,11 +1,19 @@
 package main
 
 import (
+	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
 
 	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/nodeagent"
 	"github.com/skiff-dev/skiff/server"
 )
 
@@ -16,6 +24,7 @@ func runDev(args []string) int {
 	dataDir := fs.String("data-dir", "", "data directory to keep state in (default: a temporary directory, removed at exit)")
 	apiPort := fs.Int("api-port", 6443, "API port")
 	logLevel := fs.String("log-level", "info", "log level")
+	runtime := fs.String("runtime", config.RuntimeContainerd, "the dev node's runtime: containerd, simulated, or none (no node agent)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -45,8 +54,63 @@ func runDev(args []string) int {
 		logger.Error("starting dev server", "error", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "\nSkiff dev cluster starting. Once ready:\n  export KUBECONFIG=%s\n  skiff operator raft list-peers\n\n", srv.KubeconfigPath())
-	return waitForShutdown(srv, logger)
+	fmt.Fprintf(os.Stderr, "\nSkiff dev cluster starting. Once ready:\n  export KUBECONFIG=%s\n  kubectl run hello --image=<image> && kubectl get pods -w\n\n", srv.KubeconfigPath())
+	ctx, stopAgent := context.WithCancel(context.Background())
+	defer stopAgent()
+	agentDone := make(chan struct{})
+	if *runtime == "none" {
+		close(agentDone)
+	} else if err := startDevAgent(ctx, dir, *apiPort, *runtime, logger, agentDone); err != nil {
+		logger.Error("starting the dev node agent", "error", err)
+		srv.Shutdown()
+		return 1
+	}
+	return waitForShutdown(srv, logger, func() { stopAgent(); <-agentDone })
+}
+
+// startDevAgent runs a node agent named "dev" in this process, joined with the server's own join token.
+func startDevAgent(ctx context.Context, dir string, apiPort int, runtime string, logger hclog.Logger, done chan struct{}) error {
+	token, err := readJoinToken(ctx, filepath.Join(dir, "join-token"))
+	if err != nil {
+		return err
+	}
+	agentDir := filepath.Join(dir, "agent")
+	if err := os.MkdirAll(agentDir, 0o700); err != nil {
+		return err
+	}
+	cfg, err := config.LoadAgent("", &config.AgentFile{
+		Name: ptr("dev"), DataDir: &agentDir, BindAddr: ptr("127.0.0.1"),
+		Agent: &config.AgentBlock{Servers: []string{fmt.Sprintf("127.0.0.1:%d", apiPort)}, Token: &token, Runtime: &runtime},
+	})
+	if err != nil {
+		return err
+	}
+	agent, err := nodeagent.New(cfg, logger.Named("agent"))
+	if err != nil {
+		return err
+	}
+	go func() {
+		defer close(done)
+		if err := agent.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+			logger.Error("dev node agent stopped", "error", err)
+		}
+	}()
+	return nil
+}
+
+// readJoinToken waits for the server to write its join token at start-up.
+func readJoinToken(ctx context.Context, path string) (string, error) {
+	for {
+		data, err := os.ReadFile(path)
+		if err == nil && len(strings.TrimSpace(string(data))) > 0 {
+			return strings.TrimSpace(string(data)), nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -88,12 +88,13 @@ func runServer(args []string) int {
 		logger.Error("starting server", "error", err)
 		return 1
 	}
-	return waitForShutdown(srv, logger)
+	return waitForShutdown(srv, logger, nil)
 }
 
 // waitForShutdown runs until SIGINT/SIGTERM or removal from the cluster. The first signal shuts down
 // gracefully; a second one exits at once, which is safe because every acknowledged write is already fsynced.
-func waitForShutdown(srv *server.Server, logger hclog.Logger) int {
+// before, when not nil, runs first on a signal (the dev agent stops before its server).
+func waitForShutdown(srv *server.Server, logger hclog.Logger, before func()) int {
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	select {
@@ -104,6 +105,9 @@ func waitForShutdown(srv *server.Server, logger hclog.Logger) int {
 			logger.Warn("second signal: exiting immediately")
 			os.Exit(1)
 		}()
+		if before != nil {
+			before()
+		}
 		srv.Shutdown()
 		return 0
 	case <-srv.Removed():

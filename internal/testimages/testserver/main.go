@@ -1,0 +1,145 @@
+// Command testserver is the HTTP server of the skiff/server test image: a container whose health, readiness,
+// exit code and reaction to SIGTERM the tests steer over HTTP.
+//
+// It listens on all interfaces at the port of -port, whose default is $PORT or else 8080 (0 picks a free port;
+// the start line printed to stdout, "testserver listening on ADDR", gives it). Endpoints:
+//
+//	/               "hostname=H\nmessage=M\n", with the host name and $MESSAGE
+//	/healthz        200 "ok", or 500 once /fail has been called
+//	/fail           makes /healthz fail from then on
+//	/ready          200 "ready", or 503 once /unready has been called
+//	/unready        makes /ready fail from then on
+//	/exit?code=N    replies, then exits with code N
+//	/file?path=P    the content of file P (404 if it does not exist)
+//
+// On SIGTERM it prints "got SIGTERM" to stdout, and to the file -term-file names if any, then exits 0; with
+// -ignore-sigterm it ignores SIGTERM, so that only SIGKILL stops it (for graceful-deletion tests).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync/atomic"
+	"syscall"
+)
+
+func main() {
+	defaultPort := os.Getenv("PORT")
+	if defaultPort == "" {
+		defaultPort = "8080"
+	}
+	port := flag.String("port", defaultPort, "port to listen on (default $PORT, or else 8080)")
+	ignoreTerm := flag.Bool("ignore-sigterm", false, "ignore SIGTERM")
+	termFile := flag.String("term-file", "", "file to write \"got SIGTERM\" to on SIGTERM")
+	flag.Parse()
+
+	// Signal handling is set up before the start line is printed, so that a test that waits for the line may
+	// signal at once.
+	if *ignoreTerm {
+		signal.Ignore(syscall.SIGTERM)
+	} else {
+		terms := make(chan os.Signal, 1)
+		signal.Notify(terms, syscall.SIGTERM)
+		go func() {
+			<-terms
+			fmt.Println("got SIGTERM")
+			if *termFile != "" {
+				if err := os.WriteFile(*termFile, []byte("got SIGTERM\n"), 0o644); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+					os.Exit(1)
+				}
+			}
+			os.Exit(0)
+		}()
+	}
+
+	ln, err := net.Listen("tcp", ":"+*port)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	var s server
+	srv := &http.Server{Handler: s.handler()}
+	fmt.Println("testserver listening on", ln.Addr())
+	go func() {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+	}()
+
+	// /exit hands its code over here: Shutdown lets its reply finish before the process ends.
+	code := <-s.exit
+	_ = srv.Shutdown(context.Background())
+	os.Exit(code)
+}
+
+// server holds the state the endpoints toggle.
+type server struct {
+	failing atomic.Bool
+	unready atomic.Bool
+	exit    chan int
+}
+
+func (s *server) handler() http.Handler {
+	s.exit = make(chan int, 1)
+	mux := http.NewServeMux()
+	mux.HandleFunc("/{$}", func(w http.ResponseWriter, r *http.Request) {
+		host, _ := os.Hostname()
+		fmt.Fprintf(w, "hostname=%s\nmessage=%s\n", host, os.Getenv("MESSAGE"))
+	})
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if s.failing.Load() {
+			http.Error(w, "failing", http.StatusInternalServerError)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	mux.HandleFunc("/fail", func(w http.ResponseWriter, r *http.Request) {
+		s.failing.Store(true)
+		fmt.Fprintln(w, "/healthz fails from now on")
+	})
+	mux.HandleFunc("/ready", func(w http.ResponseWriter, r *http.Request) {
+		if s.unready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.HandleFunc("/unready", func(w http.ResponseWriter, r *http.Request) {
+		s.unready.Store(true)
+		fmt.Fprintln(w, "/ready fails from now on")
+	})
+	mux.HandleFunc("/exit", func(w http.ResponseWriter, r *http.Request) {
+		code, err := strconv.Atoi(r.URL.Query().Get("code"))
+		if err != nil {
+			http.Error(w, "code must be an integer", http.StatusBadRequest)
+			return
+		}
+		fmt.Fprintf(w, "exiting with code %d\n", code)
+		select {
+		case s.exit <- code:
+		default: // another /exit is already under way
+		}
+	})
+	mux.HandleFunc("/file", func(w http.ResponseWriter, r *http.Request) {
+		b, err := os.ReadFile(r.URL.Query().Get("path"))
+		switch {
+		case errors.Is(err, fs.ErrNotExist):
+			http.Error(w, err.Error(), http.StatusNotFound)
+		case err != nil:
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+		default:
+			_, _ = w.Write(b)
+		}
+	})
+	return mux
+}

@@ -1,0 +1,511 @@
+package nodeagent
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/containers"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/oci"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// startContainer runs one attempt of a container:
+//  1. the image, per imagePullPolicy (a pull failure leaves the container waiting in ErrImagePull);
+//  2. env and mounts (a missing key leaves it in CreateContainerConfigError);
+//  3. create the container in the sandbox's namespaces (event Created), start it (event Started);
+//  4. the postStart hook; a failure kills the container, which restarts per restartPolicy;
+//  5. drop attempts older than the previous one, which the status still reports as lastState.
+func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod, c *corev1.Container, kind string, attempt int,
+	sb *sandbox, vols podVolumes, recs *podRecords) error {
+	img, err := r.ensureImage(ctx, pod, c)
+	var outcome *pullOutcome
+	if errors.As(err, &outcome) {
+		r.setWaiting(pod.UID, c.Name, corev1.ContainerStateWaiting{Reason: outcome.reason, Message: outcome.message})
+		if outcome.retryAfter > 0 {
+			r.resync(pod, outcome.retryAfter)
+		}
+		return nil
+	} else if err != nil {
+		return err
+	}
+	configError := func(err error) error {
+		r.setWaiting(pod.UID, c.Name, corev1.ContainerStateWaiting{Reason: "CreateContainerConfigError", Message: err.Error()})
+		r.event(pod, corev1.EventTypeWarning, "Failed", "Error: %v", err)
+		r.resync(pod, 10*time.Second)
+		return nil
+	}
+	withIPs := pod.DeepCopy()
+	withIPs.Status.PodIP, withIPs.Status.HostIP = sb.ip, r.hostIP
+	withIPs.Status.PodIPs, withIPs.Status.HostIPs = []corev1.PodIP{{IP: sb.ip}}, []corev1.HostIP{{IP: r.hostIP}}
+	env, err := containerEnv(ctx, withIPs, c, r.objects, r.allocatable)
+	if err != nil {
+		return configError(err)
+	}
+	mounts, err := containerMounts(c, vols, env)
+	if err != nil {
+		return configError(err)
+	}
+	imgSpec, err := img.Spec(ctx)
+	if err != nil {
+		return err
+	}
+	opts, err := r.specOpts(pod, c, img, imgSpec.Config.Entrypoint, imgSpec.Config.Cmd, env, append(podDNSMounts(r.podDir(pod)), mounts...), sb)
+	if err != nil {
+		return configError(err)
+	}
+	id := containerID(pod, kind, c.Name, attempt)
+	labels := map[string]string{
+		labelPodUID: string(pod.UID), labelPodName: pod.Name, labelPodNamespace: pod.Namespace,
+		labelKind: kind, labelName: c.Name, labelAttempt: strconv.Itoa(attempt),
+		labelImage: c.Image, labelImageID: imageID(img), labelStopSignal: imgSpec.Config.StopSignal,
+	}
+	create := func() (containerd.Container, error) {
+		return r.client.NewContainer(ctx, id, containerd.WithNewSnapshot(id, img), containerd.WithNewSpec(opts...), containerd.WithContainerLabels(labels))
+	}
+	ctr, err := create()
+	if errdefs.IsAlreadyExists(err) {
+		// A leftover of a start that failed half-way: replace it.
+		if old, lerr := r.client.LoadContainer(ctx, id); lerr == nil {
+			_ = r.deleteContainer(ctx, &ctrRecord{ctr: old, id: id})
+		}
+		ctr, err = create()
+	}
+	if err != nil {
+		r.setWaiting(pod.UID, c.Name, corev1.ContainerStateWaiting{Reason: "CreateContainerError", Message: err.Error()})
+		r.event(pod, corev1.EventTypeWarning, "Failed", "Error: %v", err)
+		return err
+	}
+	r.event(pod, corev1.EventTypeNormal, "Created", "Created container: %s", c.Name)
+	rec := &ctrRecord{ctr: ctr, id: id, kind: kind, name: c.Name, attempt: attempt, labels: labels}
+	logPath := filepath.Join(r.podDir(pod), "logs", c.Name, strconv.Itoa(attempt)+".log")
+	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
+		return err
+	}
+	task, err := ctr.NewTask(ctx, cio.LogFile(logPath))
+	if err == nil {
+		err = task.Start(ctx)
+	}
+	now := time.Now()
+	if _, lerr := ctr.SetLabels(ctx, map[string]string{labelStarted: now.UTC().Format(time.RFC3339Nano)}); lerr != nil && err == nil {
+		err = lerr
+	}
+	rec.startedAt = now
+	if err != nil {
+		// runc could not start the process (a missing executable, say): the kubelet shows exit code 128,
+		// reason StartError, and the container follows restartPolicy like any other exit.
+		r.event(pod, corev1.EventTypeWarning, "Failed", "Error: failed to start container %q: %v", c.Name, err)
+		if task != nil {
+			_, _ = task.Delete(ctx, containerd.WithProcessKill)
+		}
+		_, _ = ctr.SetLabels(ctx, map[string]string{labelExitCode: "128", labelReason: "StartError", labelFinished: now.UTC().Format(time.RFC3339Nano)})
+		r.crashBackoff.next(string(pod.UID)+"/"+c.Name, now, now)
+		r.resync(pod, 0)
+		return nil
+	}
+	r.setWaiting(pod.UID, c.Name, corev1.ContainerStateWaiting{})
+	r.event(pod, corev1.EventTypeNormal, "Started", "Started container %s", c.Name)
+	if c.Lifecycle != nil && c.Lifecycle.PostStart != nil {
+		if err := r.runHook(ctx, pod, c, id, c.Lifecycle.PostStart); err != nil {
+			r.event(pod, corev1.EventTypeWarning, "FailedPostStartHook", "PostStartHook failed: %v", err)
+			rec.running = true
+			_ = r.killContainer(ctx, pod, c, rec, time.Now(), func() time.Duration { return terminationGrace(pod) }, "")
+		}
+	}
+	for _, old := range recs.attempts[kind+"/"+c.Name] {
+		if old.attempt < attempt-1 {
+			_ = r.deleteContainer(ctx, old)
+		}
+	}
+	return nil
+}
+
+// imageID is the repo@digest form the kubelet reports as a container's imageID.
+func imageID(img containerd.Image) string {
+	name := img.Name()
+	if i := strings.LastIndex(name, ":"); i > strings.LastIndex(name, "/") {
+		name = name[:i]
+	}
+	return name + "@" + img.Target().Digest.String()
+}
+
+// specOpts maps a container's spec onto an OCI runtime spec: process, namespaces shared with the sandbox,
+// mounts, cgroup resources and the security context.
+func (r *containerdRuntime) specOpts(pod *corev1.Pod, c *corev1.Container, img containerd.Image, entrypoint, cmd, env []string,
+	mounts []specs.Mount, sb *sandbox) ([]oci.SpecOpts, error) {
+	args := append(append([]string{}, entrypoint...), cmd...)
+	switch {
+	case len(c.Command) > 0:
+		args = append(expandAll(c.Command, env), expandAll(c.Args, env)...)
+	case len(c.Args) > 0:
+		args = append(append([]string{}, entrypoint...), expandAll(c.Args, env)...)
+	}
+	if len(args) == 0 {
+		return nil, fmt.Errorf("container %q has no command: the image has no entrypoint or cmd and the pod sets none", c.Name)
+	}
+	opts := []oci.SpecOpts{oci.WithImageConfig(img), oci.WithProcessArgs(args...), oci.WithEnv(env), oci.WithMounts(mounts),
+		oci.WithHostname(podHostname(pod))}
+	if c.WorkingDir != "" {
+		opts = append(opts, oci.WithProcessCwd(c.WorkingDir))
+	}
+	if pod.Spec.HostNetwork {
+		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostNamespace(specs.UTSNamespace))
+	} else {
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: sb.netns}),
+			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.UTSNamespace, Path: sb.nsPath("uts")}))
+	}
+	opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.IPCNamespace, Path: sb.nsPath("ipc")}))
+	opts = append(opts, resourceOpts(c)...)
+	sec, err := securityOpts(pod, c)
+	if err != nil {
+		return nil, err
+	}
+	return append(opts, sec...), nil
+}
+
+// resourceOpts maps requests and limits to cgroup settings as the kubelet does: CPU shares from the request
+// (1024 per CPU), a CFS quota from the limit over a 100 ms period, and the memory limit.
+func resourceOpts(c *corev1.Container) []oci.SpecOpts {
+	var opts []oci.SpecOpts
+	if mem, ok := c.Resources.Limits[corev1.ResourceMemory]; ok {
+		opts = append(opts, oci.WithMemoryLimit(uint64(mem.Value())))
+	}
+	cpuReq, ok := c.Resources.Requests[corev1.ResourceCPU]
+	if !ok {
+		cpuReq, ok = c.Resources.Limits[corev1.ResourceCPU]
+	}
+	shares := uint64(2)
+	if ok {
+		shares = max(uint64(cpuReq.MilliValue()*1024/1000), 2)
+	}
+	opts = append(opts, oci.WithCPUShares(shares))
+	if lim, ok := c.Resources.Limits[corev1.ResourceCPU]; ok {
+		const period = 100000
+		opts = append(opts, oci.WithCPUCFS(max(lim.MilliValue()*period/1000, 1000), period))
+	}
+	return opts
+}
+
+// securityOpts maps the pod's and the container's securityContext (the container's wins) onto the spec.
+func securityOpts(pod *corev1.Pod, c *corev1.Container) ([]oci.SpecOpts, error) {
+	psc := pod.Spec.SecurityContext
+	if psc == nil {
+		psc = &corev1.PodSecurityContext{}
+	}
+	csc := c.SecurityContext
+	if csc == nil {
+		csc = &corev1.SecurityContext{}
+	}
+	runAsUser, runAsGroup, runAsNonRoot := psc.RunAsUser, psc.RunAsGroup, psc.RunAsNonRoot
+	if csc.RunAsUser != nil {
+		runAsUser = csc.RunAsUser
+	}
+	if csc.RunAsGroup != nil {
+		runAsGroup = csc.RunAsGroup
+	}
+	if csc.RunAsNonRoot != nil {
+		runAsNonRoot = csc.RunAsNonRoot
+	}
+	var opts []oci.SpecOpts
+	if csc.Privileged != nil && *csc.Privileged {
+		opts = append(opts, oci.WithPrivileged, oci.WithAllDevicesAllowed, oci.WithHostDevices)
+	}
+	switch {
+	case runAsUser != nil && runAsGroup != nil:
+		opts = append(opts, oci.WithUIDGID(uint32(*runAsUser), uint32(*runAsGroup)))
+	case runAsUser != nil:
+		opts = append(opts, oci.WithUserID(uint32(*runAsUser)))
+	case runAsGroup != nil:
+		gid := uint32(*runAsGroup)
+		opts = append(opts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+			s.Process.User.GID = gid
+			return nil
+		})
+	}
+	if groups := psc.SupplementalGroups; len(groups) > 0 || psc.FSGroup != nil {
+		if psc.FSGroup != nil {
+			groups = append(groups, *psc.FSGroup)
+		}
+		opts = append(opts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+			for _, g := range groups {
+				s.Process.User.AdditionalGids = append(s.Process.User.AdditionalGids, uint32(g))
+			}
+			return nil
+		})
+	}
+	if caps := csc.Capabilities; caps != nil {
+		if dropAll(caps.Drop) {
+			opts = append(opts, oci.WithCapabilities(nil))
+		} else if len(caps.Drop) > 0 {
+			opts = append(opts, oci.WithDroppedCapabilities(capNames(caps.Drop)))
+		}
+		if len(caps.Add) > 0 {
+			opts = append(opts, oci.WithAddedCapabilities(capNames(caps.Add)))
+		}
+	}
+	if csc.AllowPrivilegeEscalation != nil && !*csc.AllowPrivilegeEscalation {
+		opts = append(opts, oci.WithNoNewPrivileges)
+	}
+	if csc.ReadOnlyRootFilesystem != nil && *csc.ReadOnlyRootFilesystem {
+		opts = append(opts, oci.WithRootFSReadonly())
+	}
+	if runAsNonRoot != nil && *runAsNonRoot {
+		// Last, once the image's user and runAsUser are resolved to a UID.
+		opts = append(opts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+			if s.Process.User.UID == 0 {
+				return errors.New("container has runAsNonRoot and image will run as root")
+			}
+			return nil
+		})
+	}
+	return opts, nil
+}
+
+func dropAll(caps []corev1.Capability) bool {
+	for _, c := range caps {
+		if strings.EqualFold(string(c), "ALL") {
+			return true
+		}
+	}
+	return false
+}
+
+// capNames turns Kubernetes capability names ("NET_ADMIN") into the kernel's ("CAP_NET_ADMIN").
+func capNames(caps []corev1.Capability) []string {
+	out := make([]string, 0, len(caps))
+	for _, c := range caps {
+		name := strings.ToUpper(string(c))
+		if !strings.HasPrefix(name, "CAP_") {
+			name = "CAP_" + name
+		}
+		out = append(out, name)
+	}
+	return out
+}
+
+// expandAll expands $(VAR) references in command and args from the container's env, as the kubelet does:
+// $$ is a literal $, and an unknown variable is left as written.
+func expandAll(in []string, env []string) []string {
+	vars := map[string]string{}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		vars[k] = v
+	}
+	out := make([]string, len(in))
+	for i, s := range in {
+		out[i] = expandRefs(s, vars)
+	}
+	return out
+}
+
+func expandRefs(s string, vars map[string]string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] != '$' || i+1 >= len(s) {
+			b.WriteByte(s[i])
+			continue
+		}
+		switch s[i+1] {
+		case '$':
+			b.WriteByte('$')
+			i++
+		case '(':
+			end := strings.IndexByte(s[i+2:], ')')
+			if end < 0 {
+				b.WriteString(s[i:])
+				return b.String()
+			}
+			name := s[i+2 : i+2+end]
+			if v, ok := vars[name]; ok {
+				b.WriteString(v)
+			} else {
+				b.WriteString(s[i : i+3+end])
+			}
+			i += 2 + end
+		default:
+			b.WriteByte('$')
+		}
+	}
+	return b.String()
+}
+
+// killContainer stops one container: the preStop hook (bounded by the grace deadline), the image's stop
+// signal, then SIGKILL at the deadline. The kubelet gives a container at least 2 s after its stop signal.
+// message, when not empty, is the Killing event's message.
+func (r *containerdRuntime) killContainer(ctx context.Context, pod *corev1.Pod, c *corev1.Container, rec *ctrRecord, start time.Time,
+	grace func() time.Duration, message ...string) error {
+	task, err := rec.ctr.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return nil
+	} else if err != nil {
+		return err
+	}
+	exited, err := task.Wait(ctx)
+	if err != nil {
+		return err
+	}
+	if len(message) == 0 {
+		r.event(pod, corev1.EventTypeNormal, "Killing", "Stopping container %s", rec.name)
+	} else if message[0] != "" {
+		r.event(pod, corev1.EventTypeNormal, "Killing", "%s", message[0])
+	}
+	deadline := func() time.Time { return start.Add(grace()) }
+	if c != nil && c.Lifecycle != nil && c.Lifecycle.PreStop != nil && time.Now().Before(deadline()) {
+		hookCtx, cancel := context.WithDeadline(ctx, deadline())
+		if err := r.runHook(hookCtx, pod, c, rec.id, c.Lifecycle.PreStop); err != nil {
+			r.event(pod, corev1.EventTypeWarning, "FailedPreStopHook", "PreStopHook failed: %v", err)
+		}
+		cancel()
+	}
+	minimum := time.Now().Add(2 * time.Second)
+	if err := task.Kill(ctx, stopSignal(rec.labels[labelStopSignal])); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	killed := false
+	for {
+		select {
+		case st := <-exited:
+			return r.finalize(ctx, rec, task, st.ExitCode(), st.ExitTime())
+		case <-tick.C:
+			if !killed && time.Now().After(deadline()) && time.Now().After(minimum) {
+				killed = true
+				if err := task.Kill(ctx, syscall.SIGKILL, containerd.WithKillAll); err != nil && !errdefs.IsNotFound(err) {
+					return err
+				}
+			}
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// runHook runs a postStart or preStop handler: exec in the container, an HTTP GET, or a sleep.
+func (r *containerdRuntime) runHook(ctx context.Context, pod *corev1.Pod, c *corev1.Container, id string, h *corev1.LifecycleHandler) error {
+	switch {
+	case h.Exec != nil:
+		code, out, err := r.Exec(ctx, id, h.Exec.Command)
+		if err != nil {
+			return err
+		}
+		if code != 0 {
+			return fmt.Errorf("command '%s' exited with %d: %s", strings.Join(h.Exec.Command, " "), code, out)
+		}
+		return nil
+	case h.HTTPGet != nil:
+		timeout := int32(30)
+		if d, ok := ctx.Deadline(); ok {
+			timeout = int32(max(time.Until(d)/time.Second, 1))
+		}
+		probe := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{HTTPGet: h.HTTPGet}, TimeoutSeconds: timeout}
+		withIP := pod.DeepCopy()
+		if withIP.Status.PodIP == "" {
+			withIP.Status.PodIP = r.podIP(ctx, pod)
+		}
+		if ok, out := runProbe(ctx, livenessProbe, probe, withIP, c, id, r); !ok {
+			return errors.New(out)
+		}
+		return nil
+	case h.Sleep != nil:
+		select {
+		case <-time.After(time.Duration(h.Sleep.Seconds) * time.Second):
+		case <-ctx.Done():
+		}
+		return nil
+	case h.TCPSocket != nil:
+		return nil // deprecated and never run by the kubelet
+	}
+	return nil
+}
+
+// podIP reads the pod IP recorded on its sandbox.
+func (r *containerdRuntime) podIP(ctx context.Context, pod *corev1.Pod) string {
+	ctr, err := r.client.LoadContainer(r.ctx(ctx), sandboxID(pod))
+	if err != nil {
+		return ""
+	}
+	labels, _ := ctr.Labels(r.ctx(ctx))
+	return labels[labelIP]
+}
+
+// Exec runs a command in a running container and returns its exit code and (up to 10 KiB of) its output;
+// probes and hooks use it. The process is killed when ctx ends.
+func (r *containerdRuntime) Exec(ctx context.Context, id string, cmd []string) (int, []byte, error) {
+	ctx = r.ctx(ctx)
+	ctr, err := r.client.LoadContainer(ctx, id)
+	if err != nil {
+		return -1, nil, err
+	}
+	task, err := ctr.Task(ctx, nil)
+	if err != nil {
+		return -1, nil, err
+	}
+	spec, err := ctr.Spec(ctx)
+	if err != nil {
+		return -1, nil, err
+	}
+	proc := *spec.Process
+	proc.Args, proc.Terminal = cmd, false
+	out := &limitedBuffer{limit: 10 << 10}
+	fifoDir := filepath.Join(r.cfg.DataDir, "fifo")
+	if err := os.MkdirAll(fifoDir, 0o700); err != nil {
+		return -1, nil, err
+	}
+	execID := fmt.Sprintf("exec-%016x", rand.Uint64())
+	p, err := task.Exec(ctx, execID, &proc, cio.NewCreator(cio.WithStreams(nil, out, out), cio.WithFIFODir(fifoDir)))
+	if err != nil {
+		return -1, nil, err
+	}
+	defer func() { _, _ = p.Delete(context.WithoutCancel(ctx), containerd.WithProcessKill) }()
+	done, err := p.Wait(context.WithoutCancel(ctx))
+	if err != nil {
+		return -1, nil, err
+	}
+	if err := p.Start(ctx); err != nil {
+		return -1, nil, err
+	}
+	select {
+	case st := <-done:
+		p.IO().Wait()
+		return int(st.ExitCode()), out.Bytes(), nil
+	case <-ctx.Done():
+		_ = p.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)
+		return -1, out.Bytes(), fmt.Errorf("command timed out: %w", ctx.Err())
+	}
+}
+
+// limitedBuffer keeps the first limit bytes written to it; it is safe for the two output streams at once.
+type limitedBuffer struct {
+	mu    sync.Mutex
+	buf   bytes.Buffer
+	limit int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if room := b.limit - b.buf.Len(); room > 0 {
+		b.buf.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func (b *limitedBuffer) Bytes() []byte {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]byte(nil), b.buf.Bytes()...)
+}

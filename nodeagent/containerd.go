@@ -1,0 +1,172 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/hashicorp/go-hclog"
+)
+
+// containerdNamespace is the containerd namespace that holds everything the agent creates, so that it never
+// touches other users' containers on a shared containerd.
+const containerdNamespace = "skiff"
+
+// privateContainerd is a containerd daemon the agent runs as its child, with its root, state and socket under
+// the agent's data dir. It is restarted when it dies. Its containers' shims outlive it (and the agent), so an
+// agent restart finds its pods still running.
+type privateContainerd struct {
+	dir    string
+	logger hclog.Logger
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// containerdConfig is the daemon's configuration: only the plugins the agent uses (no CRI), everything under
+// dir, and the overlayfs snapshotter.
+const containerdConfig = `version = 2
+root = %[1]q
+state = %[2]q
+disabled_plugins = ["io.containerd.grpc.v1.cri", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp",
+  "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = %[3]q
+
+[ttrpc]
+  address = "%[3]s.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[4]q
+`
+
+// maxSocketPath is the longest path a unix socket can be bound at (sun_path is 108 bytes with its NUL).
+const maxSocketPath = 107
+
+func (p *privateContainerd) socket() string { return filepath.Join(p.dir, "containerd.sock") }
+
+// start launches the daemon and waits until it answers; the daemon is supervised until ctx ends, when it is
+// stopped with SIGTERM (its shims, and so the pods, keep running).
+func (p *privateContainerd) start(ctx context.Context) error {
+	if len(p.socket()) > maxSocketPath {
+		return fmt.Errorf("containerd socket path %s is longer than %d bytes; use a shorter data_dir", p.socket(), maxSocketPath)
+	}
+	if _, err := exec.LookPath("containerd"); err != nil {
+		return fmt.Errorf("containerd is not installed (Debian package containerd): %w", err)
+	}
+	if err := os.MkdirAll(p.dir, 0o711); err != nil {
+		return err
+	}
+	conf := fmt.Sprintf(containerdConfig, filepath.Join(p.dir, "root"), filepath.Join(p.dir, "state"), p.socket(), filepath.Join(p.dir, "opt"))
+	if err := os.WriteFile(filepath.Join(p.dir, "config.toml"), []byte(conf), 0o600); err != nil {
+		return err
+	}
+	if err := p.launch(); err != nil {
+		return err
+	}
+	if err := waitForContainerd(ctx, p.socket(), 30*time.Second); err != nil {
+		p.stop()
+		return fmt.Errorf("private containerd did not start (log: %s): %w", filepath.Join(p.dir, "containerd.log"), err)
+	}
+	go p.supervise(ctx)
+	return nil
+}
+
+func (p *privateContainerd) launch() error {
+	logFile, err := os.OpenFile(filepath.Join(p.dir, "containerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	// A stale socket from a daemon that died would make the new one fail to bind.
+	_ = os.Remove(p.socket())
+	cmd := exec.Command("containerd", "--config", filepath.Join(p.dir, "config.toml"))
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// Its own process group keeps a terminal's Ctrl-C for the agent, which then stops the daemon itself.
+	// Pdeathsig stops it when the agent is killed outright.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting containerd: %w", err)
+	}
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	p.mu.Lock()
+	p.cmd, p.done = cmd, done
+	p.mu.Unlock()
+	return nil
+}
+
+// supervise restarts the daemon when it exits, and stops it when ctx ends.
+func (p *privateContainerd) supervise(ctx context.Context) {
+	for {
+		p.mu.Lock()
+		done := p.done
+		p.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			p.stop()
+			return
+		case <-done:
+		}
+		p.logger.Warn("private containerd exited; restarting it")
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+		if err := p.launch(); err != nil {
+			p.logger.Error("restarting containerd", "error", err)
+		}
+	}
+}
+
+func (p *privateContainerd) stop() {
+	p.mu.Lock()
+	cmd, done := p.cmd, p.done
+	p.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+// waitForContainerd polls the socket until the daemon serves its version.
+func waitForContainerd(ctx context.Context, socket string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for {
+		if _, err := os.Stat(socket); err == nil {
+			client, err := containerd.New(socket, containerd.WithTimeout(2*time.Second))
+			if err == nil {
+				_, err = client.Version(ctx)
+				client.Close()
+				if err == nil {
+					return nil
+				}
+			}
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), last)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}

@@ -1,0 +1,429 @@
+package nodeagent
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/api/validate/content"
+)
+
+// containerEnv resolves a container's env and envFrom into "NAME=value" strings in Kubernetes' order and
+// precedence (envFrom first, in order, with prefix; then env, later wins; $(VAR) expansion of earlier vars as
+// Kubernetes does, with $$ escaping). valueFrom: configMapKeyRef, secretKeyRef (optional honoured), fieldRef
+// (metadata.name, metadata.namespace, metadata.uid, metadata.labels['k'], metadata.annotations['k'],
+// spec.nodeName, spec.serviceAccountName, status.hostIP, status.hostIPs, status.podIP, status.podIPs),
+// resourceFieldRef (limits.cpu/memory/ephemeral-storage, requests.*, with divisor; limits default to node
+// allocatable, which is passed in). The pod passed in has status.podIP/hostIP already filled in.
+//
+// Each name appears once, where it was first defined, with its last value. Values of env (not of envFrom)
+// are expanded: $(VAR) is replaced by an earlier variable's value and left as is when there is none, and $$
+// is a literal $. A missing ConfigMap or Secret that is not optional is an error for which
+// apierrors.IsNotFound holds (`configmap "x" not found`); a missing key is `couldn't find key k in ConfigMap
+// ns/x`. The kubelet turns both into the container's CreateContainerConfigError and retries. Service
+// environment variables (enableServiceLinks) and fileKeyRef are not provided by this node.
+func containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container, get objectGetter, allocatable corev1.ResourceList) ([]string, error) {
+	get = newCachingGetter(get)
+	ns := pod.Namespace
+	env := envList{vals: map[string]string{}}
+	for i, ef := range c.EnvFrom {
+		var data map[string]string
+		switch {
+		case ef.ConfigMapRef != nil:
+			cm, err := getConfigMap(ctx, get, ns, ef.ConfigMapRef.Name, ef.ConfigMapRef.Optional != nil && *ef.ConfigMapRef.Optional)
+			if err != nil {
+				return nil, err
+			}
+			data = cm.Data
+		case ef.SecretRef != nil:
+			s, err := getSecret(ctx, get, ns, ef.SecretRef.Name, ef.SecretRef.Optional != nil && *ef.SecretRef.Optional)
+			if err != nil {
+				return nil, err
+			}
+			data = make(map[string]string, len(s.Data))
+			for k, v := range s.Data {
+				data[k] = string(v)
+			}
+		default:
+			return nil, fmt.Errorf("envFrom[%d]: neither configMapRef nor secretRef is set", i)
+		}
+		keys := make([]string, 0, len(data))
+		for k := range data {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			name := ef.Prefix + k
+			if !validEnvName(name) {
+				continue // as the kubelet skips them; ConfigMap and Secret keys are always valid
+			}
+			env.set(name, data[k])
+		}
+	}
+	for _, ev := range c.Env {
+		value := ev.Value
+		switch {
+		case value != "":
+			value = expandVars(value, env.mapping)
+		case ev.ValueFrom != nil:
+			var ok bool
+			var err error
+			if value, ok, err = envValueFrom(ctx, pod, c, get, allocatable, ev.ValueFrom); err != nil {
+				return nil, err
+			} else if !ok {
+				continue // an optional source or key that is missing: the variable is not set
+			}
+		}
+		env.set(ev.Name, value)
+	}
+	return env.list(), nil
+}
+
+// envValueFrom is the value of an env var's valueFrom; ok is false for a missing optional key.
+func envValueFrom(ctx context.Context, pod *corev1.Pod, c *corev1.Container, get objectGetter, allocatable corev1.ResourceList, from *corev1.EnvVarSource) (value string, ok bool, err error) {
+	switch {
+	case from.FieldRef != nil:
+		value, err = envFieldValue(pod, from.FieldRef)
+		return value, err == nil, err
+	case from.ResourceFieldRef != nil:
+		value, err = resourceFieldValue(pod, c, from.ResourceFieldRef, allocatable)
+		return value, err == nil, err
+	case from.ConfigMapKeyRef != nil:
+		ref := from.ConfigMapKeyRef
+		optional := ref.Optional != nil && *ref.Optional
+		cm, err := getConfigMap(ctx, get, pod.Namespace, ref.Name, optional)
+		if err != nil {
+			return "", false, err
+		}
+		if value, ok = cm.Data[ref.Key]; !ok && !optional {
+			return "", false, fmt.Errorf("couldn't find key %v in ConfigMap %v/%v", ref.Key, pod.Namespace, ref.Name)
+		}
+		return value, ok, nil
+	case from.SecretKeyRef != nil:
+		ref := from.SecretKeyRef
+		optional := ref.Optional != nil && *ref.Optional
+		s, err := getSecret(ctx, get, pod.Namespace, ref.Name, optional)
+		if err != nil {
+			return "", false, err
+		}
+		data, ok := s.Data[ref.Key]
+		if !ok && !optional {
+			return "", false, fmt.Errorf("couldn't find key %v in Secret %v/%v", ref.Key, pod.Namespace, ref.Name)
+		}
+		return string(data), ok, nil
+	case from.FileKeyRef != nil:
+		return "", false, notSupported("fileKeyRef environment variables are not supported by this node")
+	}
+	return "", false, fmt.Errorf("valueFrom sets no source")
+}
+
+// envList is an environment being built: names in the order first defined, last value wins.
+type envList struct {
+	names []string
+	vals  map[string]string
+}
+
+func (e *envList) set(name, value string) {
+	if _, ok := e.vals[name]; !ok {
+		e.names = append(e.names, name)
+	}
+	e.vals[name] = value
+}
+
+// mapping is the expansion of $(name): the variable's value, or the reference itself when there is none.
+func (e *envList) mapping(name string) string {
+	if v, ok := e.vals[name]; ok {
+		return v
+	}
+	return "$(" + name + ")"
+}
+
+func (e *envList) list() []string {
+	out := make([]string, len(e.names))
+	for i, n := range e.names {
+		out[i] = n + "=" + e.vals[n]
+	}
+	return out
+}
+
+// validEnvName is Kubernetes' relaxed env var name: printable ASCII other than '='.
+func validEnvName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; c < ' ' || c > '~' || c == '=' {
+			return false
+		}
+	}
+	return true
+}
+
+// expandVars expands $(VAR) references as Kubernetes does (third_party/forked/golang/expansion): $$ is an
+// escaped $, $(VAR) is mapping(VAR), an unterminated "$(" and a $ before anything else are kept as they are.
+func expandVars(input string, mapping func(string) string) string {
+	var b strings.Builder
+	checkpoint := 0
+	for cursor := 0; cursor < len(input); cursor++ {
+		if input[cursor] != '$' || cursor+1 >= len(input) {
+			continue
+		}
+		b.WriteString(input[checkpoint:cursor])
+		rest := input[cursor+1:]
+		advance := 1
+		switch rest[0] {
+		case '$':
+			b.WriteByte('$')
+		case '(':
+			if end := strings.IndexByte(rest, ')'); end > 0 {
+				b.WriteString(mapping(rest[1:end]))
+				advance = end + 1
+			} else {
+				b.WriteString("$(")
+			}
+		default:
+			b.WriteByte('$')
+			b.WriteByte(rest[0])
+		}
+		cursor += advance
+		checkpoint = cursor + 1
+	}
+	return b.String() + input[checkpoint:]
+}
+
+// cachingGetter remembers what it fetched, so that one container or pod asks for each object once.
+type cachingGetter struct {
+	get        objectGetter
+	configMaps map[string]cachedObject[*corev1.ConfigMap]
+	secrets    map[string]cachedObject[*corev1.Secret]
+}
+
+type cachedObject[T any] struct {
+	obj T
+	err error
+}
+
+func newCachingGetter(get objectGetter) *cachingGetter {
+	if c, ok := get.(*cachingGetter); ok {
+		return c
+	}
+	return &cachingGetter{get: get, configMaps: map[string]cachedObject[*corev1.ConfigMap]{},
+		secrets: map[string]cachedObject[*corev1.Secret]{}}
+}
+
+func (c *cachingGetter) ConfigMap(ctx context.Context, namespace, name string) (*corev1.ConfigMap, error) {
+	key := namespace + "/" + name
+	if r, ok := c.configMaps[key]; ok {
+		return r.obj, r.err
+	}
+	obj, err := c.get.ConfigMap(ctx, namespace, name)
+	c.configMaps[key] = cachedObject[*corev1.ConfigMap]{obj, err}
+	return obj, err
+}
+
+func (c *cachingGetter) Secret(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
+	key := namespace + "/" + name
+	if r, ok := c.secrets[key]; ok {
+		return r.obj, r.err
+	}
+	obj, err := c.get.Secret(ctx, namespace, name)
+	c.secrets[key] = cachedObject[*corev1.Secret]{obj, err}
+	return obj, err
+}
+
+// envFieldValue is a fieldRef of an env var, as the kubelet resolves it.
+func envFieldValue(pod *corev1.Pod, fs *corev1.ObjectFieldSelector) (string, error) {
+	if fs.APIVersion != "" && fs.APIVersion != "v1" {
+		return "", fmt.Errorf("unsupported pod version: %s", fs.APIVersion)
+	}
+	switch fs.FieldPath {
+	case "spec.nodeName":
+		return pod.Spec.NodeName, nil
+	case "spec.serviceAccountName":
+		return pod.Spec.ServiceAccountName, nil
+	case "status.hostIP", "status.hostIPs":
+		ips := pod.Status.HostIPs
+		if len(ips) == 0 && pod.Status.HostIP != "" {
+			ips = []corev1.HostIP{{IP: pod.Status.HostIP}}
+		}
+		if len(ips) == 0 {
+			return "", fmt.Errorf("%s: the pod's host IP is not known", fs.FieldPath)
+		}
+		if fs.FieldPath == "status.hostIP" {
+			if pod.Status.HostIP != "" {
+				return pod.Status.HostIP, nil
+			}
+			return ips[0].IP, nil
+		}
+		s := make([]string, len(ips))
+		for i, ip := range ips {
+			s[i] = ip.IP
+		}
+		return strings.Join(s, ","), nil
+	case "status.podIP", "status.podIPs":
+		ips := pod.Status.PodIPs
+		if len(ips) == 0 && pod.Status.PodIP != "" {
+			ips = []corev1.PodIP{{IP: pod.Status.PodIP}}
+		}
+		if len(ips) == 0 {
+			return "", nil // a pod without an IP yet, as the kubelet gives it
+		}
+		if fs.FieldPath == "status.podIP" {
+			return ips[0].IP, nil
+		}
+		s := make([]string, len(ips))
+		for i, ip := range ips {
+			s[i] = ip.IP
+		}
+		return strings.Join(s, ","), nil
+	}
+	return metadataFieldValue(pod, fs.FieldPath)
+}
+
+// volumeFieldValue is a fieldRef of a downwardAPI volume item: metadata only.
+func volumeFieldValue(pod *corev1.Pod, fs *corev1.ObjectFieldSelector) (string, error) {
+	if fs.APIVersion != "" && fs.APIVersion != "v1" {
+		return "", fmt.Errorf("unsupported pod version: %s", fs.APIVersion)
+	}
+	return metadataFieldValue(pod, fs.FieldPath)
+}
+
+// metadataFieldValue is the kubelet's fieldpath.ExtractFieldPathAsString for a pod.
+func metadataFieldValue(pod *corev1.Pod, fieldPath string) (string, error) {
+	if p, key, ok := splitSubscript(fieldPath); ok {
+		switch p {
+		case "metadata.annotations":
+			if errs := content.IsLabelKey(strings.ToLower(key)); len(errs) != 0 {
+				return "", fmt.Errorf("invalid key subscript in %s: %s", fieldPath, strings.Join(errs, ";"))
+			}
+			return pod.Annotations[key], nil
+		case "metadata.labels":
+			if errs := content.IsLabelKey(key); len(errs) != 0 {
+				return "", fmt.Errorf("invalid key subscript in %s: %s", fieldPath, strings.Join(errs, ";"))
+			}
+			return pod.Labels[key], nil
+		}
+		return "", fmt.Errorf("fieldPath %q does not support subscript", fieldPath)
+	}
+	switch fieldPath {
+	case "metadata.annotations":
+		return formatMap(pod.Annotations), nil
+	case "metadata.labels":
+		return formatMap(pod.Labels), nil
+	case "metadata.name":
+		return pod.Name, nil
+	case "metadata.namespace":
+		return pod.Namespace, nil
+	case "metadata.uid":
+		return string(pod.UID), nil
+	}
+	return "", fmt.Errorf("unsupported fieldPath: %v", fieldPath)
+}
+
+// splitSubscript splits "metadata.labels['k']" into "metadata.labels" and "k".
+func splitSubscript(fieldPath string) (string, string, bool) {
+	s, ok := strings.CutSuffix(fieldPath, "']")
+	if !ok {
+		return fieldPath, "", false
+	}
+	p, key, ok := strings.Cut(s, "['")
+	if !ok || p == "" {
+		return fieldPath, "", false
+	}
+	return p, key, true
+}
+
+// formatMap is how the downward API writes labels and annotations: `k="v"` lines, sorted by key, values
+// quoted as Go quotes them, no newline after the last.
+func formatMap(m map[string]string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b []byte
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, '\n')
+		}
+		b = append(b, k...)
+		b = append(b, '=')
+		b = strconv.AppendQuote(b, m[k])
+	}
+	return string(b)
+}
+
+// resourceFieldValue is a resourceFieldRef, of container c unless it names another container of the pod:
+// the quantity divided by the divisor (default 1), rounded up. Unset or zero limits of cpu, memory and
+// ephemeral-storage are the node's allocatable, as the kubelet defaults them for the downward API.
+func resourceFieldValue(pod *corev1.Pod, c *corev1.Container, fs *corev1.ResourceFieldSelector, allocatable corev1.ResourceList) (string, error) {
+	target := c
+	if fs.ContainerName != "" && (c == nil || c.Name != fs.ContainerName) {
+		target = findContainer(pod, fs.ContainerName)
+		if target == nil {
+			return "", fmt.Errorf("resourceFieldRef: container %s not found", fs.ContainerName)
+		}
+	}
+	if target == nil {
+		return "", fmt.Errorf("resourceFieldRef %s: containerName is required", fs.Resource)
+	}
+	limits := corev1.ResourceList{}
+	for name, q := range target.Resources.Limits {
+		limits[name] = q
+	}
+	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory, corev1.ResourceEphemeralStorage} {
+		if q, ok := limits[name]; !ok || q.IsZero() {
+			if a, ok := allocatable[name]; ok {
+				limits[name] = a
+			}
+		}
+	}
+	divisor := resource.MustParse("1")
+	if !fs.Divisor.IsZero() {
+		divisor = fs.Divisor
+	}
+	kind, name, ok := strings.Cut(fs.Resource, ".")
+	var list corev1.ResourceList
+	switch {
+	case ok && kind == "limits":
+		list = limits
+	case ok && kind == "requests":
+		list = target.Resources.Requests
+	}
+	switch rn := corev1.ResourceName(name); {
+	case list == nil:
+	case rn == corev1.ResourceCPU:
+		q := list[rn]
+		return ceilDiv(q.MilliValue(), divisor.MilliValue(), fs)
+	case rn == corev1.ResourceMemory, rn == corev1.ResourceEphemeralStorage, strings.HasPrefix(name, corev1.ResourceHugePagesPrefix):
+		q := list[rn]
+		return ceilDiv(q.Value(), divisor.Value(), fs)
+	}
+	return "", fmt.Errorf("unsupported container resource : %v", fs.Resource)
+}
+
+func ceilDiv(v, d int64, fs *corev1.ResourceFieldSelector) (string, error) {
+	if d <= 0 {
+		return "", fmt.Errorf("resourceFieldRef %s: invalid divisor %s", fs.Resource, fs.Divisor.String())
+	}
+	q := v / d
+	if v%d != 0 && v > 0 {
+		q++
+	}
+	return strconv.FormatInt(q, 10), nil
+}
+
+func findContainer(pod *corev1.Pod, name string) *corev1.Container {
+	for _, list := range [][]corev1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
+		for i := range list {
+			if list[i].Name == name {
+				return &list[i]
+			}
+		}
+	}
+	return nil
+}

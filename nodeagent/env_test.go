@@ -1,0 +1,208 @@
+package nodeagent
+
+import (
+	"context"
+	"reflect"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+)
+
+func TestEnvExpansion(t *testing.T) {
+	vars := map[string]string{"VAR_A": "A", "VAR_B": "B", "VAR_C": "C", "VAR_REF": "$(VAR_A)", "VAR_EMPTY": ""}
+	mapping := func(name string) string {
+		if v, ok := vars[name]; ok {
+			return v
+		}
+		return "$(" + name + ")"
+	}
+	tests := []struct{ in, want string }{
+		{"$(VAR_A)", "A"},
+		{"___$(VAR_B)___", "___B___"},
+		{"$(VAR_A)-$(VAR_A)", "A-A"},
+		{"$(VAR_A)$(VAR_B)$(VAR_C)", "ABC"},
+		{"$(VAR_REF)", "$(VAR_A)"}, // values are not expanded again
+		{"$(VAR_EMPTY)", ""},
+		{"$(UNKNOWN)", "$(UNKNOWN)"},
+		{"$$(VAR_A)", "$(VAR_A)"},
+		{"$$$(VAR_A)", "$A"},
+		{"$$$$(VAR_A)", "$$(VAR_A)"},
+		{"foo$$bar", "foo$bar"},
+		{"$(VAR_A", "$(VAR_A"},
+		{"$(", "$("},
+		{"$", "$"},
+		{"a$", "a$"},
+		{"$VAR_A", "$VAR_A"},
+		{"${VAR_A}", "${VAR_A}"},
+		{"$()", "$()"}, // mapping("") is not defined
+		{"$(VAR_A)$", "A$"},
+		{"", ""},
+		{"no vars", "no vars"},
+	}
+	for _, tt := range tests {
+		if got := expandVars(tt.in, mapping); got != tt.want {
+			t.Errorf("expandVars(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestContainerEnv(t *testing.T) {
+	objs := newFakeObjects()
+	objs.addConfigMap("ns", "base", map[string]string{"B": "from-base", "A": "from-base", "SHARED": "base"}, nil)
+	objs.addConfigMap("ns", "over", map[string]string{"SHARED": "over", "EXTRA": "x"}, nil)
+	objs.addConfigMap("ns", "cfg", map[string]string{"level": "debug"}, nil)
+	objs.addSecret("ns", "creds", map[string][]byte{"user": []byte("admin"), "pass": []byte("s3cr$t")})
+	alloc := corev1.ResourceList{
+		corev1.ResourceCPU: resource.MustParse("4"), corev1.ResourceMemory: resource.MustParse("8Gi"),
+		corev1.ResourceEphemeralStorage: resource.MustParse("100Gi"),
+	}
+	fieldRef := func(path string) *corev1.EnvVarSource {
+		return &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v1", FieldPath: path}}
+	}
+	resRef := func(res, divisor string) *corev1.EnvVarSource {
+		s := &corev1.ResourceFieldSelector{Resource: res}
+		if divisor != "" {
+			s.Divisor = resource.MustParse(divisor)
+		}
+		return &corev1.EnvVarSource{ResourceFieldRef: s}
+	}
+	tests := []struct {
+		name    string
+		from    []corev1.EnvFromSource
+		env     []corev1.EnvVar
+		want    []string
+		wantErr string
+		notFoud bool
+	}{
+		{name: "precedence", from: []corev1.EnvFromSource{
+			{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "base"}}},
+			{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "over"}}},
+			{Prefix: "DB_", SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "creds"}}},
+			{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "absent"}, Optional: ptr(true)}},
+		}, env: []corev1.EnvVar{
+			{Name: "A", Value: "from-env"},
+			{Name: "NEW", Value: "1"},
+			{Name: "NEW", Value: "2"},
+			{Name: "EMPTY"},
+		}, want: []string{"A=from-env", "B=from-base", "SHARED=over", "EXTRA=x", "DB_pass=s3cr$t", "DB_user=admin", "NEW=2", "EMPTY="}},
+		{name: "expansion", from: []corev1.EnvFromSource{
+			{Prefix: "DB_", SecretRef: &corev1.SecretEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "creds"}}},
+		}, env: []corev1.EnvVar{
+			{Name: "URL", Value: "postgres://$(DB_user):$(DB_pass)@$(HOST)/db"}, // HOST is defined later: left as is
+			{Name: "HOST", Value: "db.local"},
+			{Name: "URL2", Value: "$(DB_user)@$(HOST)"},
+			{Name: "ESCAPED", Value: "$$(HOST) costs $$5 $HOST"},
+			{Name: "SELF", Value: "x$(SELF)"},
+			{Name: "LEVEL", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}, Key: "level"}}},
+			{Name: "FROM_REF", Value: "$(LEVEL)"},
+		}, want: []string{"DB_pass=s3cr$t", "DB_user=admin", "URL=postgres://admin:s3cr$t@$(HOST)/db", "HOST=db.local", "URL2=admin@db.local",
+			"ESCAPED=$(HOST) costs $5 $HOST", "SELF=x$(SELF)", "LEVEL=debug", "FROM_REF=debug"}},
+		{name: "fieldRef", env: []corev1.EnvVar{
+			{Name: "NAME", ValueFrom: fieldRef("metadata.name")},
+			{Name: "NS", ValueFrom: fieldRef("metadata.namespace")},
+			{Name: "UID", ValueFrom: fieldRef("metadata.uid")},
+			{Name: "APP", ValueFrom: fieldRef("metadata.labels['app']")},
+			{Name: "NOTE", ValueFrom: fieldRef("metadata.annotations['note']")},
+			{Name: "NOLABEL", ValueFrom: fieldRef("metadata.labels['none']")},
+			{Name: "NODE", ValueFrom: fieldRef("spec.nodeName")},
+			{Name: "SA", ValueFrom: fieldRef("spec.serviceAccountName")},
+			{Name: "HOST_IP", ValueFrom: fieldRef("status.hostIP")},
+			{Name: "HOST_IPS", ValueFrom: fieldRef("status.hostIPs")},
+			{Name: "POD_IP", ValueFrom: fieldRef("status.podIP")},
+			{Name: "POD_IPS", ValueFrom: fieldRef("status.podIPs")},
+		}, want: []string{"NAME=web-0", "NS=ns", "UID=uid-1", "APP=web", `NOTE=say "hi"`, "NOLABEL=", "NODE=node-a", "SA=sa",
+			"HOST_IP=10.0.0.1", "HOST_IPS=10.0.0.1,fd00::1", "POD_IP=10.244.0.5", "POD_IPS=10.244.0.5,fd00:244::5"}},
+		{name: "resourceFieldRef", env: []corev1.EnvVar{
+			{Name: "CPU_M", ValueFrom: resRef("limits.cpu", "1m")},
+			{Name: "CPU", ValueFrom: resRef("limits.cpu", "")},
+			{Name: "REQ_CPU_M", ValueFrom: resRef("requests.cpu", "1m")},
+			{Name: "MEM_MI", ValueFrom: resRef("limits.memory", "1Mi")},
+			{Name: "MEM", ValueFrom: resRef("limits.memory", "")},
+			{Name: "REQ_MEM_MI", ValueFrom: resRef("requests.memory", "1Mi")},
+			{Name: "REQ_MEM_K", ValueFrom: resRef("requests.memory", "1k")},
+			{Name: "EPH_GI", ValueFrom: resRef("limits.ephemeral-storage", "1Gi")}, // unset: node allocatable
+			{Name: "REQ_EPH", ValueFrom: resRef("requests.ephemeral-storage", "")}, // unset: 0
+			{Name: "OTHER_CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{
+				ContainerName: "sidecar", Resource: "limits.cpu", Divisor: resource.MustParse("1m")}}}, // unset: node allocatable
+		}, want: []string{"CPU_M=500", "CPU=1", "REQ_CPU_M=250", "MEM_MI=64", "MEM=67108864", "REQ_MEM_MI=32", "REQ_MEM_K=33555",
+			"EPH_GI=100", "REQ_EPH=0", "OTHER_CPU=4000"}},
+		{name: "optional missing", env: []corev1.EnvVar{
+			{Name: "KEEP", Value: "set"},
+			{Name: "S1", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "absent"}, Key: "k", Optional: ptr(true)}}},
+			{Name: "S2", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "creds"}, Key: "none", Optional: ptr(true)}}},
+			{Name: "C1", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "absent"}, Key: "k", Optional: ptr(true)}}},
+			{Name: "KEEP", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "absent"}, Key: "k", Optional: ptr(true)}}},
+			{Name: "USER", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "creds"}, Key: "user"}}},
+		}, want: []string{"KEEP=set", "USER=admin"}},
+		{name: "missing secret", env: []corev1.EnvVar{
+			{Name: "S", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "absent"}, Key: "k"}}},
+		}, wantErr: `secret "absent" not found`, notFoud: true},
+		{name: "missing envFrom configmap", from: []corev1.EnvFromSource{
+			{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "absent"}}},
+		}, wantErr: `configmap "absent" not found`, notFoud: true},
+		{name: "missing configmap key", env: []corev1.EnvVar{
+			{Name: "C", ValueFrom: &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}, Key: "nope"}}},
+		}, wantErr: "couldn't find key nope in ConfigMap ns/cfg"},
+		{name: "missing secret key", env: []corev1.EnvVar{
+			{Name: "S", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "creds"}, Key: "nope"}}},
+		}, wantErr: "couldn't find key nope in Secret ns/creds"},
+		{name: "unsupported fieldPath", env: []corev1.EnvVar{{Name: "P", ValueFrom: fieldRef("spec.restartPolicy")}},
+			wantErr: "unsupported fieldPath: spec.restartPolicy"},
+		{name: "bad subscript", env: []corev1.EnvVar{{Name: "P", ValueFrom: fieldRef("metadata.name['x']")}},
+			wantErr: `fieldPath "metadata.name['x']" does not support subscript`},
+		{name: "bad api version", env: []corev1.EnvVar{{Name: "P", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{APIVersion: "v2", FieldPath: "metadata.name"}}}},
+			wantErr: "unsupported pod version: v2"},
+		{name: "unsupported resource", env: []corev1.EnvVar{{Name: "R", ValueFrom: resRef("limits.gpu", "")}},
+			wantErr: "unsupported container resource : limits.gpu"},
+		{name: "unknown container", env: []corev1.EnvVar{{Name: "R", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "ghost", Resource: "limits.cpu"}}}},
+			wantErr: "container ghost not found"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			pod := testPod()
+			pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "sidecar"})
+			c := pod.Spec.Containers[0].DeepCopy()
+			c.EnvFrom, c.Env = tt.from, tt.env
+			got, err := containerEnv(context.Background(), pod, c, objs, alloc)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("error %v, want %q", err, tt.wantErr)
+				}
+				if apierrors.IsNotFound(err) != tt.notFoud {
+					t.Errorf("IsNotFound(%v) = %v", err, !tt.notFoud)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("env\n%q\nwant\n%q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestContainerEnvFetchesEachObjectOnce(t *testing.T) {
+	objs := newFakeObjects()
+	objs.addConfigMap("ns", "cfg", map[string]string{"a": "1", "b": "2"}, nil)
+	ref := func(key string) *corev1.EnvVarSource {
+		return &corev1.EnvVarSource{ConfigMapKeyRef: &corev1.ConfigMapKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}, Key: key}}
+	}
+	c := &corev1.Container{Name: "app",
+		EnvFrom: []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}}}},
+		Env:     []corev1.EnvVar{{Name: "A", ValueFrom: ref("a")}, {Name: "B", ValueFrom: ref("b")}}}
+	got, err := containerEnv(context.Background(), testPod(), c, objs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []string{"a=1", "b=2", "A=1", "B=2"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("env %q, want %q", got, want)
+	}
+	if objs.gets != 1 {
+		t.Errorf("fetched the ConfigMap %d times", objs.gets)
+	}
+}

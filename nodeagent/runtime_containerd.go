@@ -1,0 +1,810 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/namespaces"
+	"github.com/hashicorp/go-hclog"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/skiff-dev/skiff/config"
+)
+
+// Labels on containerd containers. They are the agent's only record of what it runs: after a restart the
+// agent rebuilds its view of every pod from them, so running containers are adopted, not restarted.
+const (
+	labelPodUID       = "io.skiff.pod.uid"
+	labelPodName      = "io.skiff.pod.name"
+	labelPodNamespace = "io.skiff.pod.namespace"
+	labelKind         = "io.skiff.container.kind" // sandbox, init or app
+	labelName         = "io.skiff.container.name"
+	labelAttempt      = "io.skiff.container.attempt"
+	labelImage        = "io.skiff.container.image"
+	labelImageID      = "io.skiff.container.image-id"
+	labelStopSignal   = "io.skiff.container.stop-signal"
+	labelStarted      = "io.skiff.container.started"
+	labelFinished     = "io.skiff.container.finished"
+	labelExitCode     = "io.skiff.container.exit-code"
+	labelReason       = "io.skiff.container.reason"
+	labelIP           = "io.skiff.sandbox.ip"
+	labelNetns        = "io.skiff.sandbox.netns"
+
+	kindSandbox = "sandbox"
+	kindInit    = "init"
+	kindApp     = "app"
+)
+
+// containerdRuntime runs pods as containerd containers: a pause sandbox with a CNI network, volumes, then init
+// and app containers, with probes, restarts and graceful termination, following the kubelet's kuberuntime.
+type containerdRuntime struct {
+	cfg     *config.Agent
+	logger  hclog.Logger
+	client  *containerd.Client
+	daemon  *privateContainerd
+	version string
+	hostIP  string
+
+	// Set by the agent once it has its API client and Node.
+	objects     objectGetter
+	recorder    record.EventRecorder
+	resync      func(pod *corev1.Pod, after time.Duration)
+	allocatable corev1.ResourceList
+	podCIDR     string
+
+	probes       *probeManager
+	crashBackoff *restartBackoff
+	pullBackoff  *restartBackoff
+
+	mu       sync.Mutex
+	network  *podNetwork
+	watching map[string]bool                                       // container IDs with an exit watcher
+	waiting  map[types.UID]map[string]corev1.ContainerStateWaiting // why a container is not running yet
+	events   map[string]bool                                       // one-time events already recorded
+}
+
+// newContainerdRuntime connects to containerd: the configured socket, or a private daemon under the data dir.
+func newContainerdRuntime(ctx context.Context, cfg *config.Agent, logger hclog.Logger) (*containerdRuntime, error) {
+	r := &containerdRuntime{cfg: cfg, logger: logger, hostIP: cfg.AdvertiseAddr,
+		crashBackoff: newRestartBackoff(10*time.Second, 300*time.Second, 10*time.Minute, time.Now),
+		pullBackoff:  newRestartBackoff(10*time.Second, 300*time.Second, 0, time.Now),
+		watching:     map[string]bool{}, waiting: map[types.UID]map[string]corev1.ContainerStateWaiting{}, events: map[string]bool{}}
+	socket := cfg.ContainerdSocket
+	if socket == "" {
+		r.daemon = &privateContainerd{dir: filepath.Join(cfg.DataDir, "containerd"), logger: logger.Named("containerd")}
+		if err := r.daemon.start(ctx); err != nil {
+			return nil, err
+		}
+		socket = r.daemon.socket()
+	}
+	client, err := containerd.New(socket, containerd.WithDefaultNamespace(containerdNamespace))
+	if err != nil {
+		return nil, fmt.Errorf("connecting to containerd at %s: %w", socket, err)
+	}
+	r.client = client
+	v, err := client.Version(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("containerd at %s: %w", socket, err)
+	}
+	r.version = "containerd://" + v.Version
+	if err := r.importAirGapImages(r.ctx(ctx)); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// ctx puts the agent's containerd namespace on a context.
+func (r *containerdRuntime) ctx(ctx context.Context) context.Context {
+	return namespaces.WithNamespace(ctx, containerdNamespace)
+}
+
+func (r *containerdRuntime) Version() string { return r.version }
+
+// attach gives the runtime what it needs from the agent once the API client and the Node exist.
+func (r *containerdRuntime) attach(objects objectGetter, recorder record.EventRecorder, resync func(*corev1.Pod, time.Duration), node *corev1.Node) {
+	r.objects, r.recorder, r.resync = objects, recorder, resync
+	r.allocatable = node.Status.Allocatable
+	r.podCIDR = node.Spec.PodCIDR
+	if r.cfg.PodCIDR != "" {
+		r.podCIDR = r.cfg.PodCIDR
+	}
+	r.probes = newProbeManager(r, recorder, func(pod *corev1.Pod) { resync(pod, 0) })
+	if r.podCIDR != "" {
+		if err := os.WriteFile(filepath.Join(r.cfg.DataDir, podCIDRFile), []byte(r.podCIDR+"\n"), 0o600); err != nil {
+			r.logger.Warn("recording the pod CIDR", "error", err)
+		}
+	}
+}
+
+func (r *containerdRuntime) podNetwork() (*podNetwork, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.network == nil {
+		n, err := newPodNetwork(r.cfg.Name, r.cfg.DataDir, r.podCIDR)
+		if err != nil {
+			return nil, err
+		}
+		r.network = n
+	}
+	return r.network, nil
+}
+
+func (r *containerdRuntime) podDir(pod *corev1.Pod) string {
+	return filepath.Join(r.cfg.DataDir, "pods", string(pod.UID))
+}
+
+func sandboxID(pod *corev1.Pod) string { return string(pod.UID) + "-sandbox" }
+
+func containerID(pod *corev1.Pod, kind, name string, attempt int) string {
+	return fmt.Sprintf("%s-%s-%s-%d", pod.UID, kind, name, attempt)
+}
+
+func (r *containerdRuntime) event(pod *corev1.Pod, kind, reason, format string, args ...any) {
+	if r.recorder != nil {
+		r.recorder.Eventf(pod, kind, reason, format, args...)
+	}
+}
+
+// eventOnce records an event the first time key is seen for the pod, for events the kubelet records once per
+// container start rather than once per sync.
+func (r *containerdRuntime) eventOnce(pod *corev1.Pod, key, kind, reason, format string, args ...any) {
+	r.mu.Lock()
+	k := string(pod.UID) + "/" + key
+	seen := r.events[k]
+	r.events[k] = true
+	r.mu.Unlock()
+	if !seen {
+		r.event(pod, kind, reason, format, args...)
+	}
+}
+
+// ctrRecord is what containerd holds of one container of a pod.
+type ctrRecord struct {
+	ctr        containerd.Container
+	id         string
+	kind, name string
+	attempt    int
+	labels     map[string]string
+	running    bool
+	pid        uint32
+	exited     bool // the process ran and ended; exitCode, startedAt and finishedAt are set
+	exitCode   int
+	reason     string
+	startedAt  time.Time
+	finishedAt time.Time
+}
+
+// podRecords are a pod's containers: its sandbox, and every attempt of each container by kind/name, latest last.
+type podRecords struct {
+	sandbox  *ctrRecord
+	attempts map[string][]*ctrRecord
+}
+
+func (p *podRecords) latest(kind, name string) *ctrRecord {
+	a := p.attempts[kind+"/"+name]
+	if len(a) == 0 {
+		return nil
+	}
+	return a[len(a)-1]
+}
+
+func (p *podRecords) previous(kind, name string) *ctrRecord {
+	a := p.attempts[kind+"/"+name]
+	if len(a) < 2 {
+		return nil
+	}
+	return a[len(a)-2]
+}
+
+// loadPod reads a pod's containers from containerd. A task that has exited is finalized here: its exit is
+// recorded in labels and the task deleted, so that the record survives and the exit is counted once.
+func (r *containerdRuntime) loadPod(ctx context.Context, uid types.UID) (*podRecords, error) {
+	ctrs, err := r.client.Containers(ctx, fmt.Sprintf("labels.%q==%s", labelPodUID, uid))
+	if err != nil {
+		return nil, err
+	}
+	recs := &podRecords{attempts: map[string][]*ctrRecord{}}
+	for _, ctr := range ctrs {
+		rec, err := r.record(ctx, ctr)
+		if err != nil {
+			return nil, err
+		}
+		if rec.kind == kindSandbox {
+			recs.sandbox = rec
+			continue
+		}
+		key := rec.kind + "/" + rec.name
+		recs.attempts[key] = append(recs.attempts[key], rec)
+	}
+	for _, a := range recs.attempts {
+		sort.Slice(a, func(i, j int) bool { return a[i].attempt < a[j].attempt })
+	}
+	return recs, nil
+}
+
+func (r *containerdRuntime) record(ctx context.Context, ctr containerd.Container) (*ctrRecord, error) {
+	info, err := ctr.Info(ctx, containerd.WithoutRefreshedMetadata)
+	if err != nil {
+		return nil, err
+	}
+	rec := &ctrRecord{ctr: ctr, id: ctr.ID(), labels: info.Labels, kind: info.Labels[labelKind], name: info.Labels[labelName]}
+	rec.attempt, _ = strconv.Atoi(info.Labels[labelAttempt])
+	rec.startedAt, _ = time.Parse(time.RFC3339Nano, info.Labels[labelStarted])
+	if code, ok := info.Labels[labelExitCode]; ok {
+		rec.exited = true
+		rec.exitCode, _ = strconv.Atoi(code)
+		rec.reason = info.Labels[labelReason]
+		rec.finishedAt, _ = time.Parse(time.RFC3339Nano, info.Labels[labelFinished])
+		return rec, nil
+	}
+	task, err := ctr.Task(ctx, nil)
+	if errdefs.IsNotFound(err) {
+		return rec, nil // created, never started (or its start failed)
+	} else if err != nil {
+		return nil, err
+	}
+	status, err := task.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if status.Status != containerd.Stopped {
+		rec.running, rec.pid = true, task.Pid()
+		return rec, nil
+	}
+	if rec.kind == kindSandbox {
+		rec.exited = true
+		return rec, nil
+	}
+	return rec, r.finalize(ctx, rec, task, status.ExitStatus, status.ExitTime)
+}
+
+// finalize records an exited task's outcome in the container's labels and deletes the task.
+func (r *containerdRuntime) finalize(ctx context.Context, rec *ctrRecord, task containerd.Task, code uint32, at time.Time) error {
+	rec.running, rec.exited, rec.exitCode, rec.finishedAt = false, true, int(code), at
+	rec.reason = "Error"
+	switch {
+	case oomKilled(rec.id):
+		rec.reason = "OOMKilled"
+	case code == 0:
+		rec.reason = "Completed"
+	}
+	if _, err := rec.ctr.SetLabels(ctx, map[string]string{
+		labelExitCode: strconv.Itoa(int(code)), labelReason: rec.reason, labelFinished: at.UTC().Format(time.RFC3339Nano),
+	}); err != nil {
+		return err
+	}
+	if _, err := task.Delete(ctx); err != nil && !errdefs.IsNotFound(err) {
+		return err
+	}
+	if rec.kind != kindSandbox {
+		r.crashBackoff.next(string(rec.labels[labelPodUID])+"/"+rec.name, rec.startedAt, at)
+	}
+	return nil
+}
+
+// oomKilled tells whether the kernel's OOM killer killed a process of the container's cgroup (the default
+// cgroup path containerd gives a container is /<namespace>/<id>); it must be asked before the task is deleted.
+func oomKilled(id string) bool {
+	for _, f := range []struct{ path, key string }{
+		{filepath.Join("/sys/fs/cgroup/memory", containerdNamespace, id, "memory.oom_control"), "oom_kill "},
+		{filepath.Join("/sys/fs/cgroup", containerdNamespace, id, "memory.events"), "oom_kill "},
+	} {
+		data, err := os.ReadFile(f.path)
+		if err != nil {
+			continue
+		}
+		for _, line := range splitLines(string(data)) {
+			if len(line) > len(f.key) && line[:len(f.key)] == f.key && line[len(f.key):] != "0" {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+func splitLines(s string) []string {
+	var out []string
+	start := 0
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\n' {
+			out = append(out, s[start:i])
+			start = i + 1
+		}
+	}
+	if start < len(s) {
+		out = append(out, s[start:])
+	}
+	return out
+}
+
+// SyncPod computes what the pod needs and does it, in the kubelet's order:
+//  1. read the pod's containers from containerd;
+//  2. make sure the sandbox runs; a dead sandbox takes the pod's containers with it and is made anew;
+//  3. set up the volumes (a missing ConfigMap or Secret leaves the pod ContainerCreating, and it retries);
+//  4. run the init containers in order, each to success, one step per sync;
+//  5. kill containers whose liveness failed, and start app containers that are not running and should be,
+//     after their crash-loop backoff;
+//  6. report the state, from containerd and the probes.
+func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodState, error) {
+	ctx = r.ctx(ctx)
+	recs, err := r.loadPod(ctx, pod.UID)
+	if err != nil {
+		return nil, err
+	}
+	sb, err := r.ensureSandbox(ctx, pod, recs)
+	if err != nil {
+		r.event(pod, corev1.EventTypeWarning, "FailedCreatePodSandBox", "Failed to create pod sandbox: %v", err)
+		return r.state(pod, recs, nil), err
+	}
+	r.setWaiting(pod.UID, "", corev1.ContainerStateWaiting{})
+	vols, err := setupVolumes(ctx, pod, r.podDir(pod), r.objects)
+	if err != nil {
+		r.event(pod, corev1.EventTypeWarning, "FailedMount", "MountVolume.SetUp failed: %v", err)
+		return r.state(pod, recs, sb), err
+	}
+	initDone, stepErr := r.syncInitContainers(ctx, pod, recs, sb, vols)
+	if initDone && stepErr == nil {
+		stepErr = r.syncAppContainers(ctx, pod, recs, sb, vols)
+	}
+	if recs, err = r.loadPod(ctx, pod.UID); err != nil {
+		return nil, err
+	}
+	// The probes need the pod IP, which the informer's copy of a new pod does not have yet.
+	withIP := pod.DeepCopy()
+	withIP.Status.PodIP, withIP.Status.PodIPs = sb.ip, []corev1.PodIP{{IP: sb.ip}}
+	r.watchExits(ctx, withIP, recs)
+	return r.state(pod, recs, sb), stepErr
+}
+
+// ensureSandbox returns the pod's running sandbox, creating it (again) when needed.
+func (r *containerdRuntime) ensureSandbox(ctx context.Context, pod *corev1.Pod, recs *podRecords) (*sandbox, error) {
+	if s := recs.sandbox; s != nil && s.running {
+		return &sandbox{id: s.id, pid: s.pid, ip: s.labels[labelIP], netns: s.labels[labelNetns]}, nil
+	}
+	if recs.sandbox != nil {
+		r.event(pod, corev1.EventTypeNormal, "SandboxChanged", "Pod sandbox changed, it will be killed and re-created.")
+		if err := r.removeAll(ctx, pod, recs, func() time.Duration { return 0 }); err != nil {
+			return nil, err
+		}
+		recs.sandbox, recs.attempts = nil, map[string][]*ctrRecord{}
+	}
+	return r.createSandbox(ctx, pod)
+}
+
+// syncInitContainers starts or waits for the next init container; done is true once all have succeeded.
+func (r *containerdRuntime) syncInitContainers(ctx context.Context, pod *corev1.Pod, recs *podRecords, sb *sandbox, vols podVolumes) (bool, error) {
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		last := recs.latest(kindInit, c.Name)
+		switch {
+		case last != nil && last.exited && last.exitCode == 0:
+			continue
+		case last != nil && last.running:
+			return false, nil
+		case last != nil && last.exited && pod.Spec.RestartPolicy == corev1.RestartPolicyNever:
+			return false, nil // the pod has failed
+		case last != nil && last.exited:
+			if wait, left := r.crashBackoff.inBackoff(string(pod.UID) + "/" + c.Name); wait {
+				r.backOff(pod, c, left)
+				return false, nil
+			}
+			return false, r.startContainer(ctx, pod, c, kindInit, last.attempt+1, sb, vols, recs)
+		default:
+			attempt := 0
+			if last != nil {
+				attempt = last.attempt + 1
+			}
+			return false, r.startContainer(ctx, pod, c, kindInit, attempt, sb, vols, recs)
+		}
+	}
+	return true, nil
+}
+
+// syncAppContainers restarts containers whose liveness failed and starts those that should run.
+func (r *containerdRuntime) syncAppContainers(ctx context.Context, pod *corev1.Pod, recs *podRecords, sb *sandbox, vols podVolumes) error {
+	var errs []error
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		last := recs.latest(kindApp, c.Name)
+		if last != nil && last.running {
+			failed, msg := r.probes.livenessFailed(pod.UID, c.Name, last.id)
+			if !failed {
+				continue
+			}
+			r.logger.Debug("liveness failed", "pod", pod.Namespace+"/"+pod.Name, "container", c.Name, "output", msg)
+			if err := r.killContainer(ctx, pod, c, last, time.Now(), func() time.Duration { return terminationGrace(pod) },
+				fmt.Sprintf("Container %s failed liveness probe, will be restarted", c.Name)); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		attempt := 0
+		if last != nil {
+			if !shouldRestart(pod.Spec.RestartPolicy, last) {
+				continue
+			}
+			if wait, left := r.crashBackoff.inBackoff(string(pod.UID) + "/" + c.Name); wait {
+				r.backOff(pod, c, left)
+				continue
+			}
+			attempt = last.attempt + 1
+		}
+		errs = append(errs, r.startContainer(ctx, pod, c, kindApp, attempt, sb, vols, recs))
+	}
+	return errors.Join(errs...)
+}
+
+// shouldRestart applies restartPolicy to a container's latest attempt.
+func shouldRestart(policy corev1.RestartPolicy, last *ctrRecord) bool {
+	if !last.exited {
+		return true // created but never started: start it
+	}
+	switch policy {
+	case corev1.RestartPolicyNever:
+		return false
+	case corev1.RestartPolicyOnFailure:
+		return last.exitCode != 0
+	}
+	return true
+}
+
+func terminationGrace(pod *corev1.Pod) time.Duration {
+	if pod.Spec.TerminationGracePeriodSeconds != nil {
+		return time.Duration(*pod.Spec.TerminationGracePeriodSeconds) * time.Second
+	}
+	return 30 * time.Second
+}
+
+// backOff marks a container as waiting in CrashLoopBackOff and syncs the pod again when the backoff ends.
+func (r *containerdRuntime) backOff(pod *corev1.Pod, c *corev1.Container, left time.Duration) {
+	msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", roundBackoff(left), c.Name, pod.Name, pod.Namespace, pod.UID)
+	r.setWaiting(pod.UID, c.Name, corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: msg})
+	r.event(pod, corev1.EventTypeWarning, "BackOff", "Back-off restarting failed container %s in pod %s_%s(%s)", c.Name, pod.Name, pod.Namespace, pod.UID)
+	r.resync(pod, left)
+}
+
+func roundBackoff(d time.Duration) time.Duration {
+	if d < time.Second {
+		return time.Second
+	}
+	return d.Round(10 * time.Second)
+}
+
+func (r *containerdRuntime) setWaiting(uid types.UID, name string, w corev1.ContainerStateWaiting) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if name == "" {
+		delete(r.waiting, uid)
+		return
+	}
+	if r.waiting[uid] == nil {
+		r.waiting[uid] = map[string]corev1.ContainerStateWaiting{}
+	}
+	r.waiting[uid][name] = w
+}
+
+func (r *containerdRuntime) waitingFor(uid types.UID, name string) (corev1.ContainerStateWaiting, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w, ok := r.waiting[uid][name]
+	return w, ok && w.Reason != ""
+}
+
+// watchExits makes sure every running container of the pod has a goroutine waiting for its exit, which syncs
+// the pod when it comes; it tells the probe manager which containers run.
+func (r *containerdRuntime) watchExits(ctx context.Context, pod *corev1.Pod, recs *podRecords) {
+	running := map[string]runningContainer{}
+	for _, attempts := range recs.attempts {
+		last := attempts[len(attempts)-1]
+		if last.kind == kindApp && last.running {
+			running[last.name] = runningContainer{ID: last.id, StartedAt: last.startedAt}
+		}
+		if !last.running {
+			continue
+		}
+		r.mu.Lock()
+		watched := r.watching[last.id]
+		r.watching[last.id] = true
+		r.mu.Unlock()
+		if watched {
+			continue
+		}
+		task, err := last.ctr.Task(ctx, nil)
+		if err != nil {
+			r.forgetWatch(last.id)
+			continue
+		}
+		exited, err := task.Wait(context.WithoutCancel(ctx))
+		if err != nil {
+			r.forgetWatch(last.id)
+			continue
+		}
+		go func(id string) {
+			<-exited
+			r.forgetWatch(id)
+			r.resync(pod, 0)
+		}(last.id)
+	}
+	r.probes.update(pod, running)
+}
+
+func (r *containerdRuntime) forgetWatch(id string) {
+	r.mu.Lock()
+	delete(r.watching, id)
+	r.mu.Unlock()
+}
+
+// KillPod stops the pod's containers (preStop, then the stop signal, then SIGKILL at the grace deadline, which
+// grace() may shorten while it waits), removes them and the sandbox, releases the IP, and removes the volumes.
+func (r *containerdRuntime) KillPod(ctx context.Context, pod *corev1.Pod, grace func() time.Duration) error {
+	ctx = r.ctx(ctx)
+	recs, err := r.loadPod(ctx, pod.UID)
+	if err != nil {
+		return err
+	}
+	if err := r.removeAll(ctx, pod, recs, grace); err != nil {
+		return err
+	}
+	if r.probes != nil {
+		r.probes.removePod(pod.UID)
+	}
+	r.setWaiting(pod.UID, "", corev1.ContainerStateWaiting{})
+	r.crashBackoff.forgetPod(pod.UID)
+	r.pullBackoff.forgetPod(pod.UID)
+	r.mu.Lock()
+	for k := range r.events {
+		if len(k) > len(pod.UID) && k[:len(pod.UID)] == string(pod.UID) {
+			delete(r.events, k)
+		}
+	}
+	r.mu.Unlock()
+	if err := teardownVolumes(r.podDir(pod)); err != nil {
+		return err
+	}
+	return os.RemoveAll(r.podDir(pod))
+}
+
+// removeAll kills every running container of the pod in parallel, then removes all of them and the sandbox.
+func (r *containerdRuntime) removeAll(ctx context.Context, pod *corev1.Pod, recs *podRecords, grace func() time.Duration) error {
+	start := time.Now()
+	specs := map[string]*corev1.Container{}
+	for i := range pod.Spec.Containers {
+		specs[kindApp+"/"+pod.Spec.Containers[i].Name] = &pod.Spec.Containers[i]
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var errs []error
+	for key, attempts := range recs.attempts {
+		for _, rec := range attempts {
+			if !rec.running {
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if err := r.killContainer(ctx, pod, specs[key], rec, start, grace); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}()
+		}
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	for _, attempts := range recs.attempts {
+		for _, rec := range attempts {
+			errs = append(errs, r.deleteContainer(ctx, rec))
+		}
+	}
+	if recs.sandbox != nil {
+		errs = append(errs, r.removeSandbox(ctx, pod, recs.sandbox))
+	}
+	return errors.Join(errs...)
+}
+
+// deleteContainer removes a container, its task and its snapshot.
+func (r *containerdRuntime) deleteContainer(ctx context.Context, rec *ctrRecord) error {
+	if task, err := rec.ctr.Task(ctx, nil); err == nil {
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); !isGone(err) {
+			return err
+		}
+	}
+	if err := rec.ctr.Delete(ctx, containerd.WithSnapshotCleanup); !isGone(err) {
+		return err
+	}
+	return nil
+}
+
+// Cleanup removes the containers of pods that keep() does not want: pods deleted while the agent was down.
+func (r *containerdRuntime) Cleanup(ctx context.Context, keep func(uid types.UID) bool) error {
+	ctx = r.ctx(ctx)
+	ctrs, err := r.client.Containers(ctx)
+	if err != nil {
+		return err
+	}
+	orphans := map[types.UID]*corev1.Pod{}
+	for _, ctr := range ctrs {
+		labels, err := ctr.Labels(ctx)
+		if err != nil {
+			continue
+		}
+		uid := types.UID(labels[labelPodUID])
+		if uid == "" || keep(uid) {
+			continue
+		}
+		orphans[uid] = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid, Name: labels[labelPodName], Namespace: labels[labelPodNamespace]}}
+	}
+	var errs []error
+	for _, pod := range orphans {
+		r.logger.Info("removing the containers of a pod that no longer exists", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID)
+		errs = append(errs, r.KillPod(ctx, pod, func() time.Duration { return 0 }))
+	}
+	return errors.Join(errs...)
+}
+
+// Close disconnects from containerd; a private daemon stops with the agent's context.
+func (r *containerdRuntime) Close() {
+	if r.probes != nil {
+		r.probes.stop()
+	}
+	if r.client != nil {
+		r.client.Close()
+	}
+}
+
+// state reports the pod as containerd and the probes see it.
+func (r *containerdRuntime) state(pod *corev1.Pod, recs *podRecords, sb *sandbox) *PodState {
+	state := &PodState{SandboxReady: sb != nil}
+	if sb != nil {
+		state.IP = sb.ip
+	}
+	if recs.sandbox != nil {
+		if info, err := recs.sandbox.ctr.Info(context.Background(), containerd.WithoutRefreshedMetadata); err == nil {
+			state.Started = info.CreatedAt
+		}
+	}
+	if state.Started.IsZero() {
+		state.Started = time.Now()
+	}
+	initDone := true
+	for i := range pod.Spec.InitContainers {
+		c := &pod.Spec.InitContainers[i]
+		s := r.containerStatus(pod, c, kindInit, recs, "PodInitializing")
+		if s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 {
+			initDone = false
+		}
+		state.InitContainers = append(state.InitContainers, s)
+	}
+	for i := range pod.Spec.Containers {
+		c := &pod.Spec.Containers[i]
+		reason := "ContainerCreating"
+		if !initDone {
+			reason = "PodInitializing"
+		}
+		state.Containers = append(state.Containers, r.containerStatus(pod, c, kindApp, recs, reason))
+	}
+	return state
+}
+
+// containerStatus builds one container's status from its latest two attempts.
+func (r *containerdRuntime) containerStatus(pod *corev1.Pod, c *corev1.Container, kind string, recs *podRecords, waitingReason string) corev1.ContainerStatus {
+	s := corev1.ContainerStatus{Name: c.Name, Image: c.Image}
+	started := false
+	s.Started = &started
+	last := recs.latest(kind, c.Name)
+	terminated := func(rec *ctrRecord) *corev1.ContainerStateTerminated {
+		return &corev1.ContainerStateTerminated{ExitCode: int32(rec.exitCode), Reason: rec.reason,
+			StartedAt: metav1.NewTime(rec.startedAt), FinishedAt: metav1.NewTime(rec.finishedAt), ContainerID: "containerd://" + rec.id}
+	}
+	if last == nil || (!last.running && !last.exited) {
+		w := corev1.ContainerStateWaiting{Reason: waitingReason}
+		if ww, ok := r.waitingFor(pod.UID, c.Name); ok {
+			w = ww
+		}
+		s.State.Waiting = &w
+		if last != nil {
+			s.RestartCount = int32(last.attempt)
+			if prev := recs.previous(kind, c.Name); prev != nil && prev.exited {
+				s.LastTerminationState.Terminated = terminated(prev)
+			}
+		}
+		return s
+	}
+	s.RestartCount = int32(last.attempt)
+	s.ContainerID = "containerd://" + last.id
+	s.ImageID = last.labels[labelImageID]
+	if prev := recs.previous(kind, c.Name); prev != nil && prev.exited {
+		s.LastTerminationState.Terminated = terminated(prev)
+	}
+	switch {
+	case last.running:
+		s.State.Running = &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(last.startedAt)}
+		if kind == kindApp && r.probes != nil {
+			started = r.probes.started(pod.UID, c.Name, last.id)
+			s.Ready = started && r.probes.ready(pod.UID, c.Name, last.id)
+		} else {
+			started = true
+		}
+	case kind == kindApp && shouldRestart(pod.Spec.RestartPolicy, last):
+		// Exited and due for a restart: waiting, with the exit as the last state.
+		w := corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}
+		if ww, ok := r.waitingFor(pod.UID, c.Name); ok {
+			w = ww
+		}
+		s.State.Waiting = &w
+		s.LastTerminationState.Terminated = terminated(last)
+	default:
+		s.State.Terminated = terminated(last)
+	}
+	return s
+}
+
+// stopSignal parses an image's STOPSIGNAL ("SIGQUIT", "QUIT", "3"); SIGTERM by default.
+func stopSignal(name string) syscall.Signal {
+	if n, err := strconv.Atoi(name); err == nil && n > 0 {
+		return syscall.Signal(n)
+	}
+	if name != "" && !strings.HasPrefix(name, "SIG") {
+		name = "SIG" + name
+	}
+	if sig := unix.SignalNum(name); sig != 0 {
+		return sig
+	}
+	return syscall.SIGTERM
+}
+
+// podCIDRFile remembers the node's pod CIDR under the data dir, for Teardown, which runs without the API.
+const podCIDRFile = "pod-cidr"
+
+// Teardown removes everything an agent with this configuration runs on the host: every pod's containers,
+// sandbox, network namespace, IP and volumes, then the node's bridge. It uses the agent's containerd (a
+// private one is started for the purpose and stopped after). `skiff agent -teardown` runs it to decommission
+// a node; tests run it so that a failed test leaves nothing behind.
+func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	r, err := newContainerdRuntime(ctx, cfg, logger)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		r.Close()
+		if r.daemon != nil {
+			r.daemon.stop()
+		}
+	}()
+	if cidr, err := os.ReadFile(filepath.Join(cfg.DataDir, podCIDRFile)); err == nil {
+		r.podCIDR = strings.TrimSpace(string(cidr))
+	}
+	errs := []error{r.Cleanup(ctx, func(types.UID) bool { return false })}
+	bridge := bridgeName(cfg.Name, cfg.DataDir)
+	if out, err := exec.CommandContext(ctx, "ip", "link", "del", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
+		errs = append(errs, fmt.Errorf("removing bridge %s: %v: %s", bridge, err, out))
+	}
+	// The parent cgroups runc made for the containers' /skiff/<id> paths; rmdir removes only empty ones, so
+	// another agent's containers on this host are safe.
+	parents, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", containerdNamespace))
+	for _, dir := range append(parents, filepath.Join("/sys/fs/cgroup", containerdNamespace)) {
+		_ = unix.Rmdir(dir)
+	}
+	return errors.Join(errs...)
+}

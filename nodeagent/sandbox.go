@@ -1,0 +1,207 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containerd/containerd"
+	"github.com/containerd/containerd/cio"
+	"github.com/containerd/containerd/errdefs"
+	"github.com/containerd/containerd/oci"
+	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// netnsDir is where pinned pod network namespaces live, as `ip netns` keeps them.
+const netnsDir = "/run/netns"
+
+// netnsPath is the pinned network namespace of a pod: unique per pod, so tests and agents never collide.
+func netnsPath(uid string) string { return filepath.Join(netnsDir, "skiff-"+uid) }
+
+// sandbox is a running pod sandbox: the pause container that holds the pod's namespaces.
+type sandbox struct {
+	id    string
+	pid   uint32
+	ip    string
+	netns string // empty for hostNetwork pods
+}
+
+// nsPath is the path of one of the pause process's namespaces, which the pod's containers join.
+func (s *sandbox) nsPath(kind string) string { return fmt.Sprintf("/proc/%d/ns/%s", s.pid, kind) }
+
+// createSandbox starts a pod's pause container and network:
+//  1. create and start the pause container in new network, IPC and UTS namespaces (host network for hostNetwork pods);
+//  2. pin its network namespace under /run/netns, so that CNI DEL works even after the pause process is gone;
+//  3. CNI ADD for the pod IP, recorded on the container so an agent restart finds it;
+//  4. write the pod's /etc/hosts, /etc/hostname and /etc/resolv.conf.
+func (r *containerdRuntime) createSandbox(ctx context.Context, pod *corev1.Pod) (*sandbox, error) {
+	pause, err := r.ensurePauseImage(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("pause image: %w", err)
+	}
+	id := sandboxID(pod)
+	hostname := podHostname(pod)
+	opts := []oci.SpecOpts{oci.WithImageConfig(pause), oci.WithHostname(hostname)}
+	if pod.Spec.HostNetwork {
+		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostNamespace(specs.UTSNamespace))
+	}
+	labels := map[string]string{labelPodUID: string(pod.UID), labelPodName: pod.Name, labelPodNamespace: pod.Namespace, labelKind: kindSandbox}
+	ctr, err := r.client.NewContainer(ctx, id, containerd.WithNewSnapshot(id, pause), containerd.WithNewSpec(opts...),
+		containerd.WithContainerLabels(labels))
+	if err != nil {
+		return nil, fmt.Errorf("creating the sandbox container: %w", err)
+	}
+	task, err := ctr.NewTask(ctx, cio.NullIO)
+	if err != nil {
+		return nil, fmt.Errorf("creating the sandbox task: %w", err)
+	}
+	if err := task.Start(ctx); err != nil {
+		return nil, fmt.Errorf("starting the sandbox: %w", err)
+	}
+	sb := &sandbox{id: id, pid: task.Pid()}
+	if pod.Spec.HostNetwork {
+		sb.ip = r.hostIP
+	} else {
+		sb.netns = netnsPath(string(pod.UID))
+		if err := pinNetns(sb.nsPath("net"), sb.netns); err != nil {
+			return nil, err
+		}
+		if _, err := ctr.SetLabels(ctx, map[string]string{labelNetns: sb.netns}); err != nil {
+			return nil, err
+		}
+		network, err := r.podNetwork()
+		if err != nil {
+			return nil, err
+		}
+		if sb.ip, err = network.add(ctx, id, sb.netns, pod); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := ctr.SetLabels(ctx, map[string]string{labelIP: sb.ip}); err != nil {
+		return nil, err
+	}
+	if err := writePodDNSFiles(r.podDir(pod), pod, sb.ip, hostname); err != nil {
+		return nil, err
+	}
+	return sb, nil
+}
+
+// removeSandbox undoes createSandbox; every step tolerates what is already gone, so it is safe to repeat.
+func (r *containerdRuntime) removeSandbox(ctx context.Context, pod *corev1.Pod, rec *ctrRecord) error {
+	var errs []error
+	if netns := rec.labels[labelNetns]; netns != "" {
+		if network, err := r.podNetwork(); err == nil {
+			errs = append(errs, network.del(ctx, rec.id, netns, pod))
+		} else {
+			errs = append(errs, err)
+		}
+		errs = append(errs, unpinNetns(netns))
+	}
+	errs = append(errs, r.deleteContainer(ctx, rec))
+	return errors.Join(errs...)
+}
+
+// pinNetns bind-mounts a namespace file onto a new file at path.
+func pinNetns(from, path string) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil && !errors.Is(err, os.ErrExist) {
+		return err
+	}
+	if f != nil {
+		f.Close()
+	}
+	if err := unix.Mount(from, path, "none", unix.MS_BIND, ""); err != nil {
+		return fmt.Errorf("pinning the network namespace at %s: %w", path, err)
+	}
+	return nil
+}
+
+// unpinNetns unmounts and removes a pinned namespace; the namespace dies with its last user.
+func unpinNetns(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmounting %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	return nil
+}
+
+// podHostname is the pod's hostname: spec.hostname, else its name, cut to 63 bytes as the kubelet does.
+func podHostname(pod *corev1.Pod) string {
+	h := pod.Name
+	if pod.Spec.Hostname != "" {
+		h = pod.Spec.Hostname
+	}
+	if len(h) > 63 {
+		h = strings.TrimRight(h[:63], "-.")
+	}
+	return h
+}
+
+// writePodDNSFiles writes the files every container of the pod mounts: /etc/hosts with the pod's own name and
+// hostAliases, /etc/hostname, and /etc/resolv.conf by dnsPolicy. Without a cluster DNS service, ClusterFirst
+// falls back to the host's resolver, as the kubelet does when it has no clusterDNS.
+func writePodDNSFiles(dir string, pod *corev1.Pod, ip, hostname string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	var hosts strings.Builder
+	hosts.WriteString("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
+	if !pod.Spec.HostNetwork {
+		fqdn := hostname
+		if pod.Spec.Subdomain != "" {
+			fqdn = fmt.Sprintf("%s.%s.%s.svc.cluster.local\t%s", hostname, pod.Spec.Subdomain, pod.Namespace, hostname)
+		}
+		fmt.Fprintf(&hosts, "%s\t%s\n", ip, fqdn)
+	}
+	for _, alias := range pod.Spec.HostAliases {
+		fmt.Fprintf(&hosts, "%s\t%s\n", alias.IP, strings.Join(alias.Hostnames, "\t"))
+	}
+	var resolv strings.Builder
+	if pod.Spec.DNSPolicy != corev1.DNSNone {
+		host, _ := os.ReadFile("/etc/resolv.conf")
+		resolv.Write(host)
+	}
+	if cfg := pod.Spec.DNSConfig; cfg != nil {
+		for _, ns := range cfg.Nameservers {
+			fmt.Fprintf(&resolv, "nameserver %s\n", ns)
+		}
+		if len(cfg.Searches) > 0 {
+			fmt.Fprintf(&resolv, "search %s\n", strings.Join(cfg.Searches, " "))
+		}
+		for _, o := range cfg.Options {
+			if o.Value != nil {
+				fmt.Fprintf(&resolv, "options %s:%s\n", o.Name, *o.Value)
+			} else {
+				fmt.Fprintf(&resolv, "options %s\n", o.Name)
+			}
+		}
+	}
+	for name, content := range map[string]string{"etc-hosts": hosts.String(), "etc-hostname": hostname + "\n", "etc-resolv.conf": resolv.String()} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// podDNSMounts bind-mounts the files writePodDNSFiles wrote into a container.
+func podDNSMounts(dir string) []specs.Mount {
+	var mounts []specs.Mount
+	for _, m := range [][2]string{{"etc-hosts", "/etc/hosts"}, {"etc-hostname", "/etc/hostname"}, {"etc-resolv.conf", "/etc/resolv.conf"}} {
+		mounts = append(mounts, specs.Mount{Source: filepath.Join(dir, m[0]), Destination: m[1], Type: "bind", Options: []string{"rbind", "rw"}})
+	}
+	return mounts
+}
+
+// isGone tells whether a containerd error means the object no longer exists.
+func isGone(err error) bool { return err == nil || errdefs.IsNotFound(err) }
