@@ -105,3 +105,51 @@ func freeTCPPort(t *testing.T) int {
 		}
 	}
 }
+
+// A newcomer's first steps: `skiff dev` runs a node agent beside its server, with a busybox image that needs
+// no registry, and `kubectl run` gets a pod Running.
+func TestDevRunsAPod(t *testing.T) {
+	requireRealRuntime(t)
+	bin := proctest.Binary(t)
+	dir, err := os.MkdirTemp("", "skiff-dev-e2e-") // short: containerd's socket lives under it
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := freeTCPPort(t)
+	cmd := exec.Command(bin, "dev", "-data-dir", dir, "-api-port", fmt.Sprint(port), "-log-level", "warn")
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
+		if t.Failed() {
+			t.Logf("skiff dev output:\n%s", logs.String())
+		}
+		// The dev node's pods outlive the process when the data dir is given; remove them and the dir.
+		if out, err := exec.Command(bin, "agent", "-name", "dev", "-data-dir", filepath.Join(dir, "agent"), "-teardown").CombinedOutput(); err != nil {
+			t.Errorf("teardown: %v\n%s", err, out)
+		}
+		os.RemoveAll(dir)
+	})
+	k := kubectl{t: t, kubeconfig: filepath.Join(dir, "admin.kubeconfig")}
+	proctest.WaitFor(t, "the dev node Ready", 60*time.Second, func() error {
+		if out, err := k.run("get", "node", "dev", "--no-headers"); err != nil || !strings.Contains(out, " Ready ") {
+			return fmt.Errorf("not yet: %s", out)
+		}
+		return nil
+	})
+	k.ok("run", "hello", "--image=skiff.local/busybox:1", "--", "sleep", "3600")
+	proctest.WaitFor(t, "hello Running", 60*time.Second, func() error {
+		if s := k.podStatusColumn("hello"); s != "Running" {
+			return fmt.Errorf("STATUS %s", s)
+		}
+		return nil
+	})
+	mustContain(t, "hello's events", k.ok("describe", "pod", "hello"), "already present on machine", "Started")
+}

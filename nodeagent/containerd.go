@@ -7,6 +7,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -71,6 +73,7 @@ func (p *privateContainerd) start(ctx context.Context) error {
 	if err := os.WriteFile(filepath.Join(p.dir, "config.toml"), []byte(conf), 0o600); err != nil {
 		return err
 	}
+	p.stopPrevious()
 	if err := p.launch(); err != nil {
 		return err
 	}
@@ -103,7 +106,40 @@ func (p *privateContainerd) launch() error {
 	p.mu.Lock()
 	p.cmd, p.done = cmd, done
 	p.mu.Unlock()
-	return nil
+	return os.WriteFile(p.pidFile(), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
+}
+
+func (p *privateContainerd) pidFile() string { return filepath.Join(p.dir, "containerd.pid") }
+
+// stopPrevious waits for the daemon of an earlier agent on this data dir to exit: when that agent was
+// killed, its daemon got SIGTERM and may still be shutting down. Two daemons on one root would fight over it.
+func (p *privateContainerd) stopPrevious() {
+	data, err := os.ReadFile(p.pidFile())
+	if err != nil {
+		return
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil || pid <= 0 {
+		return
+	}
+	ours := func() bool {
+		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		return err == nil && strings.Contains(string(cmdline), filepath.Join(p.dir, "config.toml"))
+	}
+	if !ours() {
+		return
+	}
+	p.logger.Info("waiting for the previous private containerd to exit", "pid", pid)
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	for deadline := time.Now().Add(10 * time.Second); ours() && time.Now().Before(deadline); {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if ours() {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		for ours() {
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 }
 
 // supervise restarts the daemon when it exits, and stops it when ctx ends.
@@ -117,6 +153,9 @@ func (p *privateContainerd) supervise(ctx context.Context) {
 			p.stop()
 			return
 		case <-done:
+		}
+		if ctx.Err() != nil {
+			return
 		}
 		p.logger.Warn("private containerd exited; restarting it")
 		select {

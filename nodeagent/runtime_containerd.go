@@ -788,6 +788,7 @@ func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error
 	}
 	defer func() {
 		r.Close()
+		cancel() // before the stop, so the daemon's supervisor does not restart it
 		if r.daemon != nil {
 			r.daemon.stop()
 		}

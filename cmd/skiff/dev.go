@@ -10,9 +10,11 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/v1"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/internal/images"
 	"github.com/skiff-dev/skiff/nodeagent"
 	"github.com/skiff-dev/skiff/server"
 )
@@ -54,40 +56,53 @@ func runDev(args []string) int {
 		logger.Error("starting dev server", "error", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "\nSkiff dev cluster starting. Once ready:\n  export KUBECONFIG=%s\n  kubectl run hello --image=<image> && kubectl get pods -w\n\n", srv.KubeconfigPath())
+	fmt.Fprintf(os.Stderr, "\nSkiff dev cluster starting. Once ready:\n  export KUBECONFIG=%s\n  kubectl run hello --image=%s -- sleep 3600\n  kubectl get pods -w\n\n", srv.KubeconfigPath(), devBusyboxRef)
 	ctx, stopAgent := context.WithCancel(context.Background())
 	defer stopAgent()
 	agentDone := make(chan struct{})
+	var agentCfg *config.Agent
 	if *runtime == "none" {
 		close(agentDone)
-	} else if err := startDevAgent(ctx, dir, *apiPort, *runtime, logger, agentDone); err != nil {
+	} else if agentCfg, err = startDevAgent(ctx, dir, *apiPort, *runtime, logger, agentDone); err != nil {
 		logger.Error("starting the dev node agent", "error", err)
 		srv.Shutdown()
 		return 1
 	}
-	return waitForShutdown(srv, logger, func() { stopAgent(); <-agentDone })
+	return waitForShutdown(srv, logger, func() {
+		stopAgent()
+		<-agentDone
+		// A temporary data dir goes at exit, so its pods must go first: containers, network and IPs.
+		if *dataDir == "" && agentCfg != nil && agentCfg.Runtime == config.RuntimeContainerd {
+			if err := nodeagent.Teardown(context.Background(), agentCfg, logger.Named("teardown")); err != nil {
+				logger.Warn("removing the dev node's pods", "error", err)
+			}
+		}
+	})
 }
 
 // startDevAgent runs a node agent named "dev" in this process, joined with the server's own join token.
-func startDevAgent(ctx context.Context, dir string, apiPort int, runtime string, logger hclog.Logger, done chan struct{}) error {
+func startDevAgent(ctx context.Context, dir string, apiPort int, runtime string, logger hclog.Logger, done chan struct{}) (*config.Agent, error) {
 	token, err := readJoinToken(ctx, filepath.Join(dir, "join-token"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	agentDir := filepath.Join(dir, "agent")
-	if err := os.MkdirAll(agentDir, 0o700); err != nil {
-		return err
+	if err := os.MkdirAll(filepath.Join(agentDir, "images"), 0o700); err != nil {
+		return nil, err
+	}
+	if runtime == config.RuntimeContainerd {
+		offerBusybox(filepath.Join(agentDir, "images", "busybox.tar"), logger)
 	}
 	cfg, err := config.LoadAgent("", &config.AgentFile{
 		Name: ptr("dev"), DataDir: &agentDir, BindAddr: ptr("127.0.0.1"),
 		Agent: &config.AgentBlock{Servers: []string{fmt.Sprintf("127.0.0.1:%d", apiPort)}, Token: &token, Runtime: &runtime},
 	})
 	if err != nil {
-		return err
+		return nil, err
 	}
 	agent, err := nodeagent.New(cfg, logger.Named("agent"))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	go func() {
 		defer close(done)
@@ -95,7 +110,25 @@ func startDevAgent(ctx context.Context, dir string, apiPort int, runtime string,
 			logger.Error("dev node agent stopped", "error", err)
 		}
 	}()
-	return nil
+	return cfg, nil
+}
+
+// devBusyboxRef is the image a newcomer can run on a dev cluster without any registry.
+const devBusyboxRef = "skiff.local/busybox:1"
+
+// offerBusybox puts a busybox image, made from the host's busybox-static, where the agent imports image
+// tarballs at start, so that `kubectl run` works on a machine with no registry at hand.
+func offerBusybox(path string, logger hclog.Logger) {
+	spec, err := images.Busybox(images.BusyboxPath)
+	if err == nil {
+		var img v1.Image
+		if img, err = images.Build(spec); err == nil {
+			err = images.WriteTarball(img, devBusyboxRef, path)
+		}
+	}
+	if err != nil {
+		logger.Warn("no busybox image for the dev node", "error", err)
+	}
 }
 
 // readJoinToken waits for the server to write its join token at start-up.

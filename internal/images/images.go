@@ -418,3 +418,40 @@ func declaresModule(gomod []byte, mod string) bool {
 	}
 	return false
 }
+
+// BusyboxPath is the static busybox of Debian's busybox-static package.
+const BusyboxPath = "/bin/busybox"
+
+// BusyboxPATH is the PATH of the busybox image.
+const BusyboxPATH = "PATH=/bin:/usr/bin:/sbin:/usr/sbin"
+
+// Busybox is the spec of a busybox image made from a static busybox binary: busybox with a link in /bin for
+// each of its applets, /tmp, /root and a minimal /etc, and `sh` as its command. The test images and
+// `skiff dev` (which offers it to newcomers, who may have no registry) use it.
+func Busybox(binary string) (Spec, error) {
+	bin, err := os.ReadFile(binary)
+	if err != nil {
+		return Spec{}, fmt.Errorf("%s is needed for the busybox image (Debian package busybox-static, which setup "+
+			"installs): %w", binary, err)
+	}
+	list, err := exec.Command(binary, "--list").Output()
+	if err != nil {
+		return Spec{}, fmt.Errorf("%s --list: %w", binary, err)
+	}
+	files := []File{
+		{Path: "/bin/busybox", Mode: 0o755, Data: bin},
+		{Path: "/tmp", Mode: os.ModeDir | os.ModeSticky | 0o777},
+		{Path: "/root", Mode: os.ModeDir | 0o700},
+		{Path: "/etc/passwd", Mode: 0o644, Data: []byte(
+			"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")},
+		{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnogroup:x:65534:\n")},
+	}
+	// Every applet goes in /bin (first in PATH); busybox picks the applet from the name it is run by.
+	for _, applet := range strings.Fields(string(list)) {
+		if applet == "busybox" || strings.Contains(applet, "/") {
+			continue
+		}
+		files = append(files, File{Path: "/bin/" + applet, Link: "busybox"})
+	}
+	return Spec{Files: files, Env: []string{BusyboxPATH}, Cmd: []string{"sh"}}, nil
+}

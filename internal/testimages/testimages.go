@@ -13,14 +13,11 @@ package testimages
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 
@@ -44,8 +41,6 @@ type Images struct {
 	Busybox, Server, Pause string
 }
 
-// pathEnv is the PATH of the busybox and server images.
-const pathEnv = "PATH=/bin:/usr/bin:/sbin:/usr/sbin"
 
 // Push builds the test images (once per test process) and pushes them to the registry at registryAddr, such
 // as one StartRegistry started. It fails the test if /bin/busybox is missing: setup installs busybox-static.
@@ -87,17 +82,18 @@ var build = sync.OnceValue(func() (b built) {
 	if b.err != nil {
 		return b
 	}
-	base, err := busyboxFiles()
+	spec, err := images.Busybox(images.BusyboxPath)
 	if err != nil {
 		b.err = err
 		return b
 	}
-	b.busybox, b.err = images.Build(images.Spec{Files: base, Env: []string{pathEnv}, Cmd: []string{"sh"}})
+	base := spec.Files
+	b.busybox, b.err = images.Build(spec)
 	if b.err != nil {
 		return b
 	}
 	server := append(base[:len(base):len(base)], images.File{Path: "/server", Mode: 0o755, Data: b.serverBinary})
-	b.server, b.err = images.Build(images.Spec{Files: server, Env: []string{pathEnv}, Entrypoint: []string{"/server"}})
+	b.server, b.err = images.Build(images.Spec{Files: server, Env: []string{images.BusyboxPATH}, Entrypoint: []string{"/server"}})
 	if b.err != nil {
 		return b
 	}
@@ -120,34 +116,3 @@ func staticBinary(pkg string) ([]byte, error) {
 	return os.ReadFile(out)
 }
 
-// busyboxPath is the static busybox of Debian's busybox-static package.
-const busyboxPath = "/bin/busybox"
-
-// busyboxFiles returns the files of the busybox image: busybox and its applet links, and a minimal /etc.
-func busyboxFiles() ([]images.File, error) {
-	bin, err := os.ReadFile(busyboxPath)
-	if err != nil {
-		return nil, fmt.Errorf("%s is needed for the test images (Debian package busybox-static, which setup "+
-			"installs): %w", busyboxPath, err)
-	}
-	list, err := exec.Command(busyboxPath, "--list").Output()
-	if err != nil {
-		return nil, fmt.Errorf("%s --list: %w", busyboxPath, err)
-	}
-	files := []images.File{
-		{Path: busyboxPath, Mode: 0o755, Data: bin},
-		{Path: "/tmp", Mode: os.ModeDir | os.ModeSticky | 0o777},
-		{Path: "/root", Mode: os.ModeDir | 0o700},
-		{Path: "/etc/passwd", Mode: 0o644, Data: []byte(
-			"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n")},
-		{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnogroup:x:65534:\n")},
-	}
-	// Every applet goes in /bin (first in PATH); busybox picks the applet from the name it is run by.
-	for _, applet := range strings.Fields(string(list)) {
-		if applet == "busybox" || strings.Contains(applet, "/") {
-			continue
-		}
-		files = append(files, images.File{Path: "/bin/" + applet, Link: "busybox"})
-	}
-	return files, nil
-}
