@@ -41,7 +41,6 @@ type Images struct {
 	Busybox, Server, Pause string
 }
 
-
 // Push builds the test images (once per test process) and pushes them to the registry at registryAddr, such
 // as one StartRegistry started. It fails the test if /bin/busybox is missing: setup installs busybox-static.
 func Push(t testing.TB, registryAddr string) Images {
@@ -115,4 +114,3 @@ func staticBinary(pkg string) ([]byte, error) {
 	}
 	return os.ReadFile(out)
 }
-
