@@ -406,9 +406,21 @@ spec:
 	}
 
 	// 6. kill -9 the agent and start it again: the running pod keeps its container and restart count.
+	// A pod force-deleted while the agent is down has its containers, network and IP removed when it is back.
 	before := k.pod("live").Status.ContainerStatuses[0]
+	orphanUID := k.pod("badimage").Metadata.UID
 	agent.kill()
+	k.ok("delete", "pod", "badimage", "--force", "--grace-period=0")
 	agent.start()
+	proctest.WaitFor(t, "the force-deleted pod's sandbox removed", 60*time.Second, func() error {
+		if out := ctr(t, agent, "containers", "list", "labels.\"io.skiff.pod.uid\"=="+orphanUID); strings.Contains(out, orphanUID) {
+			return fmt.Errorf("still there:\n%s", out)
+		}
+		if _, err := os.Stat("/run/netns/skiff-" + orphanUID); err == nil {
+			return fmt.Errorf("network namespace still pinned")
+		}
+		return nil
+	})
 	time.Sleep(5 * time.Second)
 	proctest.WaitFor(t, "the agent back, live Ready", 60*time.Second, func() error {
 		if out := k.ok("get", "pod", "live", "--no-headers"); !strings.Contains(out, "1/1") {
@@ -422,7 +434,9 @@ spec:
 			before.ContainerID, before.RestartCount, after.ContainerID, after.RestartCount)
 	}
 	_ = webID
-	for _, name := range []string{"live", "crasher", "badimage"} {
+	// The node reports its images.
+	mustContain(t, "node images", k.ok("get", "node", agent.name, "-o", "jsonpath={.status.images[*].names}"), "skiff/server:test", "skiff/busybox@sha256:")
+	for _, name := range []string{"live", "crasher"} {
 		k.ok("delete", "pod", name, "--wait=true", "--timeout=60s")
 	}
 	if leftovers, _ := filepath.Glob("/run/netns/skiff-*"); len(leftovers) > 0 {

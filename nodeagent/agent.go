@@ -162,15 +162,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced) {
 		return ctx.Err()
 	}
-	known := map[types.UID]bool{}
-	for _, obj := range a.pods.List() {
-		known[obj.(*corev1.Pod).UID] = true
-	}
-	if err := a.runtime.Cleanup(ctx, func(uid types.UID) bool { return known[uid] }); err != nil {
+	if err := a.runtime.Cleanup(ctx, a.knownPod); err != nil {
 		a.logger.Warn("removing the containers of deleted pods", "error", err)
 	}
 	if a.cfg.Runtime == config.RuntimeContainerd {
 		go a.resyncAll(ctx, 30*time.Second)
+	}
+	if lister, ok := a.runtime.(imageLister); ok {
+		go a.reportImages(ctx, lister, 30*time.Second)
 	}
 	<-ctx.Done()
 	return nil
@@ -187,6 +186,16 @@ func agentRelevantChange(old, cur *corev1.Pod) bool {
 }
 
 func ptrEqual[T comparable](a, b *T) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+
+// knownPod tells whether a pod with this UID is bound to the agent's nodes now, in the informer's view.
+func (a *Agent) knownPod(uid types.UID) bool {
+	for _, obj := range a.pods.List() {
+		if obj.(*corev1.Pod).UID == uid {
+			return true
+		}
+	}
+	return false
+}
 
 // resyncAll syncs every pod periodically, as the kubelet does, to catch what no event announces (a sandbox
 // that died, say).
@@ -222,11 +231,12 @@ func (a *Agent) kick(key string, after time.Duration) {
 		a.wg.Add(1)
 		go a.runWorker(key, w)
 	}
-	a.mu.Unlock()
+	// Sent under the lock: a worker deciding to end checks for a pending kick under it, so none is lost.
 	select {
 	case w.kick <- struct{}{}:
 	default: // a sync is already due; it will see the latest pod
 	}
+	a.mu.Unlock()
 }
 
 // runWorker syncs one pod whenever kicked, retries failures with backoff (0.5 s doubling to 30 s), and ends
@@ -297,8 +307,11 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 		return false, err
 	}
 	if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+		if err := a.runtime.KillPod(ctx, pod, func() time.Duration { return 0 }); err != nil {
+			return false, err
+		}
 		a.setRunning(key, nil)
-		return false, a.runtime.KillPod(ctx, pod, func() time.Duration { return 0 })
+		return false, nil
 	}
 	a.setRunning(key, pod)
 	state, syncErr := a.runtime.SyncPod(ctx, pod)
@@ -330,8 +343,11 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 	}
 	if status.Phase == corev1.PodSucceeded || status.Phase == corev1.PodFailed {
 		// Finished: its containers and sandbox go now; the status stays for the user.
+		if err := a.runtime.KillPod(ctx, pod, func() time.Duration { return 0 }); err != nil {
+			return false, err
+		}
 		a.setRunning(key, nil)
-		return false, a.runtime.KillPod(ctx, pod, func() time.Duration { return 0 })
+		return false, nil
 	}
 	return false, syncErr
 }

@@ -96,8 +96,12 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 		return err
 	}
 	task, err := ctr.NewTask(ctx, cio.LogFile(logPath))
+	var exited <-chan containerd.ExitStatus
 	if err == nil {
-		err = task.Start(ctx)
+		// Waiting before Start, so that even an exit within microseconds is seen.
+		if exited, err = task.Wait(context.WithoutCancel(ctx)); err == nil {
+			err = task.Start(ctx)
+		}
 	}
 	now := time.Now()
 	if _, lerr := ctr.SetLabels(ctx, map[string]string{labelStarted: now.UTC().Format(time.RFC3339Nano)}); lerr != nil && err == nil {
@@ -112,10 +116,18 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 			_, _ = task.Delete(ctx, containerd.WithProcessKill)
 		}
 		_, _ = ctr.SetLabels(ctx, map[string]string{labelExitCode: "128", labelReason: "StartError", labelFinished: now.UTC().Format(time.RFC3339Nano)})
-		r.crashBackoff.next(string(pod.UID)+"/"+c.Name, now, now)
+		r.crashBackoff.next(backoffKey(pod.UID, c.Name), now, now)
 		r.resync(pod, 0)
 		return nil
 	}
+	r.mu.Lock()
+	r.watching[id] = true
+	r.mu.Unlock()
+	go func() {
+		<-exited
+		r.forgetWatch(id)
+		r.resync(pod, 0)
+	}()
 	r.setWaiting(pod.UID, c.Name, corev1.ContainerStateWaiting{})
 	r.event(pod, corev1.EventTypeNormal, "Started", "Started container %s", c.Name)
 	if c.Lifecycle != nil && c.Lifecycle.PostStart != nil {
@@ -156,15 +168,15 @@ func (r *containerdRuntime) specOpts(pod *corev1.Pod, c *corev1.Container, img c
 	if len(args) == 0 {
 		return nil, fmt.Errorf("container %q has no command: the image has no entrypoint or cmd and the pod sets none", c.Name)
 	}
-	opts := []oci.SpecOpts{oci.WithImageConfig(img), oci.WithProcessArgs(args...), oci.WithEnv(env), oci.WithMounts(mounts),
-		oci.WithHostname(podHostname(pod))}
+	opts := []oci.SpecOpts{oci.WithImageConfig(img), oci.WithProcessArgs(args...), oci.WithEnv(env), oci.WithMounts(mounts)}
 	if c.WorkingDir != "" {
 		opts = append(opts, oci.WithProcessCwd(c.WorkingDir))
 	}
 	if pod.Spec.HostNetwork {
 		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostNamespace(specs.UTSNamespace))
 	} else {
-		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: sb.netns}),
+		opts = append(opts, oci.WithHostname(podHostname(pod)),
+			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: sb.netns}),
 			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.UTSNamespace, Path: sb.nsPath("uts")}))
 	}
 	opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.IPCNamespace, Path: sb.nsPath("ipc")}))
@@ -187,12 +199,14 @@ func resourceOpts(c *corev1.Container) []oci.SpecOpts {
 	if !ok {
 		cpuReq, ok = c.Resources.Limits[corev1.ResourceCPU]
 	}
-	shares := uint64(2)
+	// The kernel's bounds for cpu.shares, which the kubelet applies too.
+	const minShares, maxShares = 2, 262144
+	shares := uint64(minShares)
 	if ok {
-		shares = max(uint64(cpuReq.MilliValue()*1024/1000), 2)
+		shares = min(max(uint64(cpuReq.MilliValue()*1024/1000), minShares), maxShares)
 	}
 	opts = append(opts, oci.WithCPUShares(shares))
-	if lim, ok := c.Resources.Limits[corev1.ResourceCPU]; ok {
+	if lim, ok := c.Resources.Limits[corev1.ResourceCPU]; ok && !lim.IsZero() {
 		const period = 100000
 		opts = append(opts, oci.WithCPUCFS(max(lim.MilliValue()*period/1000, 1000), period))
 	}
@@ -219,7 +233,11 @@ func securityOpts(pod *corev1.Pod, c *corev1.Container) ([]oci.SpecOpts, error) 
 	if csc.RunAsNonRoot != nil {
 		runAsNonRoot = csc.RunAsNonRoot
 	}
-	var opts []oci.SpecOpts
+	// containerd's default spec sets no_new_privs and an open-files limit; Kubernetes sets neither by default.
+	opts := []oci.SpecOpts{oci.WithNewPrivileges, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		s.Process.Rlimits = nil
+		return nil
+	}}
 	if csc.Privileged != nil && *csc.Privileged {
 		opts = append(opts, oci.WithPrivileged, oci.WithAllDevicesAllowed, oci.WithHostDevices)
 	}
@@ -252,7 +270,10 @@ func securityOpts(pod *corev1.Pod, c *corev1.Container) ([]oci.SpecOpts, error) 
 		} else if len(caps.Drop) > 0 {
 			opts = append(opts, oci.WithDroppedCapabilities(capNames(caps.Drop)))
 		}
-		if len(caps.Add) > 0 {
+		switch {
+		case dropAll(caps.Add):
+			opts = append(opts, oci.WithAllKnownCapabilities)
+		case len(caps.Add) > 0:
 			opts = append(opts, oci.WithAddedCapabilities(capNames(caps.Add)))
 		}
 	}
@@ -304,42 +325,17 @@ func expandAll(in []string, env []string) []string {
 		k, v, _ := strings.Cut(kv, "=")
 		vars[k] = v
 	}
+	lookup := func(name string) string {
+		if v, ok := vars[name]; ok {
+			return v
+		}
+		return "$(" + name + ")"
+	}
 	out := make([]string, len(in))
 	for i, s := range in {
-		out[i] = expandRefs(s, vars)
+		out[i] = expandVars(s, lookup)
 	}
 	return out
-}
-
-func expandRefs(s string, vars map[string]string) string {
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] != '$' || i+1 >= len(s) {
-			b.WriteByte(s[i])
-			continue
-		}
-		switch s[i+1] {
-		case '$':
-			b.WriteByte('$')
-			i++
-		case '(':
-			end := strings.IndexByte(s[i+2:], ')')
-			if end < 0 {
-				b.WriteString(s[i:])
-				return b.String()
-			}
-			name := s[i+2 : i+2+end]
-			if v, ok := vars[name]; ok {
-				b.WriteString(v)
-			} else {
-				b.WriteString(s[i : i+3+end])
-			}
-			i += 2 + end
-		default:
-			b.WriteByte('$')
-		}
-	}
-	return b.String()
 }
 
 // killContainer stops one container: the preStop hook (bounded by the grace deadline), the image's stop
@@ -380,6 +376,9 @@ func (r *containerdRuntime) killContainer(ctx context.Context, pod *corev1.Pod, 
 	for {
 		select {
 		case st := <-exited:
+			if err := st.Error(); err != nil {
+				return fmt.Errorf("waiting for container %s to stop: %w", rec.name, err) // containerd went away; retry
+			}
 			return r.finalize(ctx, rec, task, st.ExitCode(), st.ExitTime())
 		case <-tick.C:
 			if !killed && time.Now().After(deadline()) && time.Now().After(minimum) {
@@ -480,7 +479,14 @@ func (r *containerdRuntime) Exec(ctx context.Context, id string, cmd []string) (
 	}
 	select {
 	case st := <-done:
-		p.IO().Wait()
+		// A background child can hold the output open forever; the output so far is enough.
+		drained := make(chan struct{})
+		go func() { p.IO().Wait(); close(drained) }()
+		select {
+		case <-drained:
+		case <-time.After(2 * time.Second):
+			p.IO().Cancel()
+		}
 		return int(st.ExitCode()), out.Bytes(), nil
 	case <-ctx.Done():
 		_ = p.Kill(context.WithoutCancel(ctx), syscall.SIGKILL)

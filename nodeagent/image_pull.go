@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -120,6 +122,9 @@ func pullSecretCreds(ctx context.Context, pod *corev1.Pod, get objectGetter) fun
 			}
 			host = strings.TrimPrefix(strings.TrimPrefix(host, "https://"), "http://")
 			host, _, _ = strings.Cut(host, "/")
+			if host == "index.docker.io" || host == "registry-1.docker.io" {
+				host = "docker.io" // Docker Hub's credentials are keyed by its old index address
+			}
 			if _, dup := found[host]; !dup {
 				found[host] = cred{user, pass}
 			}
@@ -207,6 +212,8 @@ const builtinPauseRef = "skiff.local/pause:1"
 // otherwise the agent builds its own from the skiff-pause binary installed next to the skiff binary, so that
 // a node needs no registry to run pods.
 func (r *containerdRuntime) ensurePauseImage(ctx context.Context) (containerd.Image, error) {
+	r.pauseMu.Lock() // pod workers start sandboxes at once; one of them builds the image
+	defer r.pauseMu.Unlock()
 	if r.cfg.PauseImage != "" {
 		ref, err := normalizeRef(r.cfg.PauseImage)
 		if err != nil {
@@ -302,4 +309,43 @@ func (r *containerdRuntime) importAirGapImages(ctx context.Context) error {
 		r.logger.Info("imported image tarball", "file", e.Name())
 	}
 	return nil
+}
+
+// Images lists the images in the agent's containerd namespace for the Node's status.images: names (tag and
+// repo@digest forms, as the kubelet reports them) and sizes, largest first, at most maxNodeImages.
+func (r *containerdRuntime) Images(ctx context.Context) ([]corev1.ContainerImage, error) {
+	ctx = r.ctx(ctx)
+	list, err := r.client.ListImages(ctx)
+	if err != nil {
+		return nil, err
+	}
+	byDigest := map[string]*corev1.ContainerImage{}
+	var out []*corev1.ContainerImage
+	for _, img := range list {
+		digest := img.Target().Digest.String()
+		entry := byDigest[digest]
+		if entry == nil {
+			size, _ := img.Size(ctx)
+			entry = &corev1.ContainerImage{SizeBytes: size}
+			byDigest[digest] = entry
+			out = append(out, entry)
+		}
+		entry.Names = append(entry.Names, imageID(img), img.Name())
+	}
+	result := make([]corev1.ContainerImage, 0, len(out))
+	for _, e := range out {
+		sort.Strings(e.Names)
+		e.Names = slices.Compact(e.Names)
+		result = append(result, *e)
+	}
+	sort.SliceStable(result, func(i, j int) bool {
+		if result[i].SizeBytes != result[j].SizeBytes {
+			return result[i].SizeBytes > result[j].SizeBytes
+		}
+		return result[i].Names[0] < result[j].Names[0]
+	})
+	if len(result) > maxNodeImages {
+		result = result[:maxNodeImages]
+	}
+	return result, nil
 }

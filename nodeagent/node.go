@@ -4,10 +4,12 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"os"
 	"runtime"
 	"strings"
 	"syscall"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -139,4 +141,41 @@ func hasTaint(taints []corev1.Taint, t corev1.Taint) bool {
 		}
 	}
 	return false
+}
+
+// maxNodeImages is how many images a Node reports, largest first, as the kubelet's nodeStatusMaxImages.
+const maxNodeImages = 50
+
+// imageLister is a runtime that can list its images for the Node's status.images.
+type imageLister interface {
+	Images(ctx context.Context) ([]corev1.ContainerImage, error)
+}
+
+// reportImages keeps the Node's status.images current: it writes only when the list changed, checked every
+// interval, so that an idle node costs the servers nothing.
+func (a *Agent) reportImages(ctx context.Context, lister imageLister, interval time.Duration) {
+	var last []corev1.ContainerImage
+	for {
+		if imgs, err := lister.Images(ctx); err == nil && !apiequality.Semantic.DeepEqual(imgs, last) {
+			err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+				node, err := a.client.CoreV1().Nodes().Get(ctx, a.cfg.Name, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				node.Status.Images = imgs
+				_, err = a.client.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+				return err
+			})
+			if err == nil {
+				last = imgs
+			} else if ctx.Err() == nil {
+				a.logger.Warn("reporting the node's images", "error", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(interval):
+		}
+	}
 }

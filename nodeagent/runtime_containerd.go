@@ -18,6 +18,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/namespaces"
 	"github.com/hashicorp/go-hclog"
+	"github.com/moby/sys/signal"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -72,6 +73,7 @@ type containerdRuntime struct {
 	crashBackoff *restartBackoff
 	pullBackoff  *restartBackoff
 
+	pauseMu  sync.Mutex
 	mu       sync.Mutex
 	network  *podNetwork
 	watching map[string]bool                                       // container IDs with an exit watcher
@@ -194,6 +196,8 @@ type ctrRecord struct {
 type podRecords struct {
 	sandbox  *ctrRecord
 	attempts map[string][]*ctrRecord
+	// finalized is set when loading found (and recorded) an exit no one had seen.
+	finalized bool
 }
 
 func (p *podRecords) latest(kind, name string) *ctrRecord {
@@ -221,10 +225,11 @@ func (r *containerdRuntime) loadPod(ctx context.Context, uid types.UID) (*podRec
 	}
 	recs := &podRecords{attempts: map[string][]*ctrRecord{}}
 	for _, ctr := range ctrs {
-		rec, err := r.record(ctx, ctr)
+		rec, finalized, err := r.record(ctx, ctr)
 		if err != nil {
 			return nil, err
 		}
+		recs.finalized = recs.finalized || finalized
 		if rec.kind == kindSandbox {
 			recs.sandbox = rec
 			continue
@@ -238,10 +243,10 @@ func (r *containerdRuntime) loadPod(ctx context.Context, uid types.UID) (*podRec
 	return recs, nil
 }
 
-func (r *containerdRuntime) record(ctx context.Context, ctr containerd.Container) (*ctrRecord, error) {
+func (r *containerdRuntime) record(ctx context.Context, ctr containerd.Container) (*ctrRecord, bool, error) {
 	info, err := ctr.Info(ctx, containerd.WithoutRefreshedMetadata)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	rec := &ctrRecord{ctr: ctr, id: ctr.ID(), labels: info.Labels, kind: info.Labels[labelKind], name: info.Labels[labelName]}
 	rec.attempt, _ = strconv.Atoi(info.Labels[labelAttempt])
@@ -251,27 +256,27 @@ func (r *containerdRuntime) record(ctx context.Context, ctr containerd.Container
 		rec.exitCode, _ = strconv.Atoi(code)
 		rec.reason = info.Labels[labelReason]
 		rec.finishedAt, _ = time.Parse(time.RFC3339Nano, info.Labels[labelFinished])
-		return rec, nil
+		return rec, false, nil
 	}
 	task, err := ctr.Task(ctx, nil)
 	if errdefs.IsNotFound(err) {
-		return rec, nil // created, never started (or its start failed)
+		return rec, false, nil // created, never started (or its start failed)
 	} else if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	status, err := task.Status(ctx)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if status.Status != containerd.Stopped {
 		rec.running, rec.pid = true, task.Pid()
-		return rec, nil
+		return rec, false, nil
 	}
 	if rec.kind == kindSandbox {
 		rec.exited = true
-		return rec, nil
+		return rec, false, nil
 	}
-	return rec, r.finalize(ctx, rec, task, status.ExitStatus, status.ExitTime)
+	return rec, true, r.finalize(ctx, rec, task, status.ExitStatus, status.ExitTime)
 }
 
 // finalize records an exited task's outcome in the container's labels and deletes the task.
@@ -293,7 +298,7 @@ func (r *containerdRuntime) finalize(ctx context.Context, rec *ctrRecord, task c
 		return err
 	}
 	if rec.kind != kindSandbox {
-		r.crashBackoff.next(string(rec.labels[labelPodUID])+"/"+rec.name, rec.startedAt, at)
+		r.crashBackoff.next(backoffKey(types.UID(rec.labels[labelPodUID]), rec.name), rec.startedAt, at)
 	}
 	return nil
 }
@@ -365,6 +370,10 @@ func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodS
 	if recs, err = r.loadPod(ctx, pod.UID); err != nil {
 		return nil, err
 	}
+	if recs.finalized {
+		// A container exited during this sync, after the step that would act on it: sync again.
+		r.resync(pod, 0)
+	}
 	// The probes need the pod IP, which the informer's copy of a new pod does not have yet.
 	withIP := pod.DeepCopy()
 	withIP.Status.PodIP, withIP.Status.PodIPs = sb.ip, []corev1.PodIP{{IP: sb.ip}}
@@ -374,15 +383,21 @@ func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodS
 
 // ensureSandbox returns the pod's running sandbox, creating it (again) when needed.
 func (r *containerdRuntime) ensureSandbox(ctx context.Context, pod *corev1.Pod, recs *podRecords) (*sandbox, error) {
-	if s := recs.sandbox; s != nil && s.running {
+	// A sandbox without a recorded IP was left half-made (by a failed CNI ADD, say): it is replaced.
+	if s := recs.sandbox; s != nil && s.running && s.labels[labelIP] != "" {
 		return &sandbox{id: s.id, pid: s.pid, ip: s.labels[labelIP], netns: s.labels[labelNetns]}, nil
 	}
 	if recs.sandbox != nil {
+		if pod.Spec.RestartPolicy == corev1.RestartPolicyNever && len(recs.attempts) > 0 {
+			// The kubelet never starts a Never pod's containers again, not even in a new sandbox.
+			return nil, fmt.Errorf("the sandbox of a pod with restartPolicy Never died")
+		}
 		r.event(pod, corev1.EventTypeNormal, "SandboxChanged", "Pod sandbox changed, it will be killed and re-created.")
-		if err := r.removeAll(ctx, pod, recs, func() time.Duration { return 0 }); err != nil {
+		// The containers' latest attempts stay as records, so restart counts and last states carry over.
+		if err := r.removeAll(ctx, pod, recs, func() time.Duration { return 0 }, true); err != nil {
 			return nil, err
 		}
-		recs.sandbox, recs.attempts = nil, map[string][]*ctrRecord{}
+		recs.sandbox = nil
 	}
 	return r.createSandbox(ctx, pod)
 }
@@ -392,6 +407,23 @@ func (r *containerdRuntime) syncInitContainers(ctx context.Context, pod *corev1.
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		last := recs.latest(kindInit, c.Name)
+		if isSidecar(c) {
+			// A sidecar (restartPolicy Always) counts as done once it runs, and restarts whenever it exits.
+			if last != nil && last.running {
+				continue
+			}
+			if last != nil && last.exited {
+				if wait, left := r.crashBackoff.inBackoff(backoffKey(pod.UID, c.Name)); wait {
+					r.backOff(pod, c, left)
+					return false, nil
+				}
+			}
+			attempt := 0
+			if last != nil {
+				attempt = last.attempt + 1
+			}
+			return false, r.startContainer(ctx, pod, c, kindInit, attempt, sb, vols, recs)
+		}
 		switch {
 		case last != nil && last.exited && last.exitCode == 0:
 			continue
@@ -400,7 +432,7 @@ func (r *containerdRuntime) syncInitContainers(ctx context.Context, pod *corev1.
 		case last != nil && last.exited && pod.Spec.RestartPolicy == corev1.RestartPolicyNever:
 			return false, nil // the pod has failed
 		case last != nil && last.exited:
-			if wait, left := r.crashBackoff.inBackoff(string(pod.UID) + "/" + c.Name); wait {
+			if wait, left := r.crashBackoff.inBackoff(backoffKey(pod.UID, c.Name)); wait {
 				r.backOff(pod, c, left)
 				return false, nil
 			}
@@ -439,7 +471,7 @@ func (r *containerdRuntime) syncAppContainers(ctx context.Context, pod *corev1.P
 			if !shouldRestart(pod.Spec.RestartPolicy, last) {
 				continue
 			}
-			if wait, left := r.crashBackoff.inBackoff(string(pod.UID) + "/" + c.Name); wait {
+			if wait, left := r.crashBackoff.inBackoff(backoffKey(pod.UID, c.Name)); wait {
 				r.backOff(pod, c, left)
 				continue
 			}
@@ -473,17 +505,10 @@ func terminationGrace(pod *corev1.Pod) time.Duration {
 
 // backOff marks a container as waiting in CrashLoopBackOff and syncs the pod again when the backoff ends.
 func (r *containerdRuntime) backOff(pod *corev1.Pod, c *corev1.Container, left time.Duration) {
-	msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", roundBackoff(left), c.Name, pod.Name, pod.Namespace, pod.UID)
+	msg := fmt.Sprintf("back-off %s restarting failed container=%s pod=%s_%s(%s)", r.crashBackoff.delay(backoffKey(pod.UID, c.Name)), c.Name, pod.Name, pod.Namespace, pod.UID)
 	r.setWaiting(pod.UID, c.Name, corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff", Message: msg})
 	r.event(pod, corev1.EventTypeWarning, "BackOff", "Back-off restarting failed container %s in pod %s_%s(%s)", c.Name, pod.Name, pod.Namespace, pod.UID)
 	r.resync(pod, left)
-}
-
-func roundBackoff(d time.Duration) time.Duration {
-	if d < time.Second {
-		return time.Second
-	}
-	return d.Round(10 * time.Second)
 }
 
 func (r *containerdRuntime) setWaiting(uid types.UID, name string, w corev1.ContainerStateWaiting) {
@@ -558,7 +583,7 @@ func (r *containerdRuntime) KillPod(ctx context.Context, pod *corev1.Pod, grace 
 	if err != nil {
 		return err
 	}
-	if err := r.removeAll(ctx, pod, recs, grace); err != nil {
+	if err := r.removeAll(ctx, pod, recs, grace, false); err != nil {
 		return err
 	}
 	if r.probes != nil {
@@ -581,7 +606,9 @@ func (r *containerdRuntime) KillPod(ctx context.Context, pod *corev1.Pod, grace 
 }
 
 // removeAll kills every running container of the pod in parallel, then removes all of them and the sandbox.
-func (r *containerdRuntime) removeAll(ctx context.Context, pod *corev1.Pod, recs *podRecords, grace func() time.Duration) error {
+// keepLatest keeps the record of each container's latest attempt (its task is gone), for a sandbox that is
+// made again.
+func (r *containerdRuntime) removeAll(ctx context.Context, pod *corev1.Pod, recs *podRecords, grace func() time.Duration, keepLatest bool) error {
 	start := time.Now()
 	specs := map[string]*corev1.Container{}
 	for i := range pod.Spec.Containers {
@@ -610,7 +637,10 @@ func (r *containerdRuntime) removeAll(ctx context.Context, pod *corev1.Pod, recs
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	for _, attempts := range recs.attempts {
+	for key, attempts := range recs.attempts {
+		if keepLatest {
+			attempts, recs.attempts[key] = attempts[:len(attempts)-1], attempts[len(attempts)-1:]
+		}
 		for _, rec := range attempts {
 			errs = append(errs, r.deleteContainer(ctx, rec))
 		}
@@ -689,7 +719,7 @@ func (r *containerdRuntime) state(pod *corev1.Pod, recs *podRecords, sb *sandbox
 	for i := range pod.Spec.InitContainers {
 		c := &pod.Spec.InitContainers[i]
 		s := r.containerStatus(pod, c, kindInit, recs, "PodInitializing")
-		if s.State.Terminated == nil || s.State.Terminated.ExitCode != 0 {
+		if !initContainerDone(c, s) {
 			initDone = false
 		}
 		state.InitContainers = append(state.InitContainers, s)
@@ -744,7 +774,7 @@ func (r *containerdRuntime) containerStatus(pod *corev1.Pod, c *corev1.Container
 		} else {
 			started = true
 		}
-	case kind == kindApp && shouldRestart(pod.Spec.RestartPolicy, last):
+	case isSidecar(c) || ((kind == kindApp || last.exitCode != 0) && shouldRestart(pod.Spec.RestartPolicy, last)):
 		// Exited and due for a restart: waiting, with the exit as the last state.
 		w := corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}
 		if ww, ok := r.waitingFor(pod.UID, c.Name); ok {
@@ -758,15 +788,10 @@ func (r *containerdRuntime) containerStatus(pod *corev1.Pod, c *corev1.Container
 	return s
 }
 
-// stopSignal parses an image's STOPSIGNAL ("SIGQUIT", "QUIT", "3"); SIGTERM by default.
+// stopSignal parses an image's STOPSIGNAL as containerd does ("SIGQUIT", "quit", "3", "SIGRTMIN+3");
+// SIGTERM when it has none or it cannot be parsed.
 func stopSignal(name string) syscall.Signal {
-	if n, err := strconv.Atoi(name); err == nil && n > 0 {
-		return syscall.Signal(n)
-	}
-	if name != "" && !strings.HasPrefix(name, "SIG") {
-		name = "SIG" + name
-	}
-	if sig := unix.SignalNum(name); sig != 0 {
+	if sig, err := signal.ParseSignal(name); err == nil && sig > 0 {
 		return sig
 	}
 	return syscall.SIGTERM

@@ -46,9 +46,12 @@ func (r *containerdRuntime) createSandbox(ctx context.Context, pod *corev1.Pod) 
 	}
 	id := sandboxID(pod)
 	hostname := podHostname(pod)
-	opts := []oci.SpecOpts{oci.WithImageConfig(pause), oci.WithHostname(hostname)}
+	opts := []oci.SpecOpts{oci.WithImageConfig(pause)}
 	if pod.Spec.HostNetwork {
+		// runc cannot set a hostname in the host's UTS namespace; the pod has the node's.
 		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostNamespace(specs.UTSNamespace))
+	} else {
+		opts = append(opts, oci.WithHostname(hostname))
 	}
 	labels := map[string]string{labelPodUID: string(pod.UID), labelPodName: pod.Name, labelPodNamespace: pod.Namespace, labelKind: kindSandbox}
 	ctr, err := r.client.NewContainer(ctx, id, containerd.WithNewSnapshot(id, pause), containerd.WithNewSpec(opts...),
@@ -56,13 +59,37 @@ func (r *containerdRuntime) createSandbox(ctx context.Context, pod *corev1.Pod) 
 	if err != nil {
 		return nil, fmt.Errorf("creating the sandbox container: %w", err)
 	}
+	sb, err := r.startSandbox(ctx, pod, ctr, hostname)
+	if err != nil {
+		// Undo the half-made sandbox (CNI DEL, netns, container), so that the next sync starts clean.
+		rec := &ctrRecord{ctr: ctr, id: id, labels: labels}
+		if cerr := r.removeSandbox(ctx, pod, rec); cerr != nil {
+			r.logger.Warn("removing a half-made sandbox", "pod", pod.Namespace+"/"+pod.Name, "error", cerr)
+		}
+		return nil, err
+	}
+	return sb, nil
+}
+
+// startSandbox starts the pause task, then pins and wires its network namespace (steps 1-4 above).
+func (r *containerdRuntime) startSandbox(ctx context.Context, pod *corev1.Pod, ctr containerd.Container, hostname string) (*sandbox, error) {
+	id := ctr.ID()
 	task, err := ctr.NewTask(ctx, cio.NullIO)
 	if err != nil {
 		return nil, fmt.Errorf("creating the sandbox task: %w", err)
 	}
+	exited, err := task.Wait(context.WithoutCancel(ctx))
+	if err != nil {
+		return nil, err
+	}
 	if err := task.Start(ctx); err != nil {
 		return nil, fmt.Errorf("starting the sandbox: %w", err)
 	}
+	// A sandbox that dies takes the pod's network with it: sync the pod at once to make a new one.
+	go func() {
+		<-exited
+		r.resync(pod, 0)
+	}()
 	sb := &sandbox{id: id, pid: task.Pid()}
 	if pod.Spec.HostNetwork {
 		sb.ip = r.hostIP
@@ -93,17 +120,25 @@ func (r *containerdRuntime) createSandbox(ctx context.Context, pod *corev1.Pod) 
 
 // removeSandbox undoes createSandbox; every step tolerates what is already gone, so it is safe to repeat.
 func (r *containerdRuntime) removeSandbox(ctx context.Context, pod *corev1.Pod, rec *ctrRecord) error {
-	var errs []error
-	if netns := rec.labels[labelNetns]; netns != "" {
-		if network, err := r.podNetwork(); err == nil {
-			errs = append(errs, network.del(ctx, rec.id, netns, pod))
-		} else {
-			errs = append(errs, err)
-		}
-		errs = append(errs, unpinNetns(netns))
+	// The netns label may be missing if sandbox creation failed half-way; the path is known anyway.
+	netns := rec.labels[labelNetns]
+	if netns == "" && rec.labels[labelIP] != r.hostIP {
+		netns = netnsPath(string(pod.UID))
 	}
-	errs = append(errs, r.deleteContainer(ctx, rec))
-	return errors.Join(errs...)
+	if netns != "" {
+		network, err := r.podNetwork()
+		if err == nil {
+			err = network.del(ctx, rec.id, netns, pod)
+		}
+		if err != nil {
+			// Keep the sandbox, and with it what DEL needs, so that the next try releases the IP.
+			return err
+		}
+		if err := unpinNetns(netns); err != nil {
+			return err
+		}
+	}
+	return r.deleteContainer(ctx, rec)
 }
 
 // pinNetns bind-mounts a namespace file onto a new file at path.
@@ -155,8 +190,16 @@ func writePodDNSFiles(dir string, pod *corev1.Pod, ip, hostname string) error {
 		return err
 	}
 	var hosts strings.Builder
-	hosts.WriteString("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
-	if !pod.Spec.HostNetwork {
+	if pod.Spec.HostNetwork {
+		// The node's own hosts file, as the kubelet gives hostNetwork pods, with the aliases after it.
+		node, _ := os.ReadFile("/etc/hosts")
+		hosts.WriteString("# Kubernetes-managed hosts file (host network).\n")
+		hosts.Write(node)
+		if len(node) > 0 && node[len(node)-1] != '\n' {
+			hosts.WriteByte('\n')
+		}
+	} else {
+		hosts.WriteString("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
 		fqdn := hostname
 		if pod.Spec.Subdomain != "" {
 			fqdn = fmt.Sprintf("%s.%s.%s.svc.cluster.local\t%s", hostname, pod.Spec.Subdomain, pod.Namespace, hostname)

@@ -23,8 +23,12 @@ func podStatus(pod *corev1.Pod, state *PodState, hostIP string) corev1.PodStatus
 	status.ContainerStatuses = state.Containers
 
 	initialized := true
-	for _, c := range state.InitContainers {
-		if c.State.Terminated == nil || c.State.Terminated.ExitCode != 0 {
+	for i, c := range state.InitContainers {
+		spec := &corev1.Container{Name: c.Name}
+		if i < len(pod.Spec.InitContainers) {
+			spec = &pod.Spec.InitContainers[i]
+		}
+		if !initContainerDone(spec, c) {
 			initialized = false
 		}
 	}
@@ -98,4 +102,19 @@ func podPhase(policy corev1.RestartPolicy, state *PodState, initialized bool) co
 		return corev1.PodRunning // OnFailure: the failed ones restart
 	}
 	return corev1.PodPending
+}
+
+// isSidecar tells whether an init container is a sidecar: restartPolicy Always, running beside the app
+// containers for the pod's life.
+func isSidecar(c *corev1.Container) bool {
+	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+}
+
+// initContainerDone tells whether an init container no longer holds up the pod: it succeeded, or it is a
+// sidecar and runs.
+func initContainerDone(c *corev1.Container, s corev1.ContainerStatus) bool {
+	if isSidecar(c) {
+		return s.State.Running != nil
+	}
+	return s.State.Terminated != nil && s.State.Terminated.ExitCode == 0
 }
