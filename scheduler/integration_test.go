@@ -200,14 +200,20 @@ func TestScheduling(t *testing.T) {
 		if msg := waitEvent(t, c, "late", "FailedScheduling"); msg != want {
 			t.Errorf("FailedScheduling %q, want %q", msg, want)
 		}
-		p, err := c.CoreV1().Pods("default").Get(ctx, "late", metav1.GetOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		// The event and the condition are separate writes: the condition may land a moment after the event.
 		var cond *corev1.PodCondition
-		for i := range p.Status.Conditions {
-			if p.Status.Conditions[i].Type == corev1.PodScheduled {
-				cond = &p.Status.Conditions[i]
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+			p, err := c.CoreV1().Pods("default").Get(ctx, "late", metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range p.Status.Conditions {
+				if p.Status.Conditions[i].Type == corev1.PodScheduled {
+					cond = &p.Status.Conditions[i]
+				}
+			}
+			if cond != nil {
+				break
 			}
 		}
 		if cond == nil || cond.Status != corev1.ConditionFalse || cond.Reason != "Unschedulable" || cond.Message != want {
