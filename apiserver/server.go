@@ -53,6 +53,9 @@ type Config struct {
 	// MaxRequestsInFlight and MaxMutatingRequestsInFlight bound the reads and writes served at once (429
 	// beyond); the library's defaults (400 and 200) when zero.
 	MaxRequestsInFlight, MaxMutatingRequestsInFlight int
+	// DefaultTolerationSeconds is how long pods tolerate the not-ready and unreachable taints by default
+	// (300 when nil, as in Kubernetes).
+	DefaultTolerationSeconds *int64
 }
 
 // Server is a running Kubernetes API on one peer.
@@ -108,7 +111,11 @@ func New(c Config) (*Server, error) {
 		return nil, err
 	}
 	cfg.SharedInformerFactory = informers.NewSharedInformerFactory(client, 0)
-	if cfg.AdmissionControl, err = admissionChain(client, cfg.SharedInformerFactory); err != nil {
+	tolerationSeconds := int64(300)
+	if c.DefaultTolerationSeconds != nil {
+		tolerationSeconds = *c.DefaultTolerationSeconds
+	}
+	if cfg.AdmissionControl, err = admissionChain(client, cfg.SharedInformerFactory, tolerationSeconds); err != nil {
 		return nil, err
 	}
 	cfg.RESTOptionsGetter = &restOptionsGetter{backend: c.Backend}
@@ -153,10 +160,10 @@ func New(c Config) (*Server, error) {
 	return &Server{generic: generic}, nil
 }
 
-// admissionChain runs the admission plugins: NamespaceLifecycle, from the library, and Priority, which
-// resolves a pod's priorityClassName. Skiff's defaulting runs in each kind's strategy. A later issue adds ServiceAccount, LimitRanger, quota and
+// admissionChain runs the admission plugins: NamespaceLifecycle, from the library, Priority, which
+// resolves a pod's priorityClassName, and DefaultTolerationSeconds. Skiff's defaulting runs in each kind's strategy. A later issue adds ServiceAccount, LimitRanger, quota and
 // PodSecurity here.
-func admissionChain(client kubernetes.Interface, factory informers.SharedInformerFactory) (admission.Interface, error) {
+func admissionChain(client kubernetes.Interface, factory informers.SharedInformerFactory, tolerationSeconds int64) (admission.Interface, error) {
 	nl, err := lifecycle.NewLifecycle(sets.New(metav1.NamespaceDefault, metav1.NamespaceSystem, metav1.NamespacePublic))
 	if err != nil {
 		return nil, err
@@ -166,7 +173,7 @@ func admissionChain(client kubernetes.Interface, factory informers.SharedInforme
 	if err := nl.ValidateInitialization(); err != nil {
 		return nil, err
 	}
-	return admission.NewChainHandler(nl, newPriorityAdmission(factory)), nil
+	return admission.NewChainHandler(nl, newPriorityAdmission(factory), newDefaultTolerationAdmission(tolerationSeconds)), nil
 }
 
 // installAPIs installs every kind of the registry table, grouped by API group.

@@ -1,12 +1,14 @@
 package config
 
 import (
+	"encoding/base64"
 	"fmt"
 	"maps"
 	"net"
 	"os"
 	"slices"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -21,12 +23,22 @@ type AgentFile struct {
 	AdvertiseAddr *string     `hcl:"advertise_addr,optional"`
 	LogLevel      *string     `hcl:"log_level,optional"`
 	LogJSON       *bool       `hcl:"log_json,optional"`
+	Encrypt       *string     `hcl:"encrypt,optional"`
+	Ports         *AgentPorts `hcl:"ports,block"`
 	Agent         *AgentBlock `hcl:"agent,block"`
+}
+
+// AgentPorts is an agent's `ports { gossip = N }`.
+type AgentPorts struct {
+	Gossip *int `hcl:"gossip,optional"`
 }
 
 // AgentBlock is `agent { ... }`.
 type AgentBlock struct {
 	Enabled          *bool             `hcl:"enabled,optional"`
+	RetryJoin        []string          `hcl:"retry_join,optional"`
+	RetryInterval    *string           `hcl:"retry_interval,optional"`
+	RetryMax         *int              `hcl:"retry_max,optional"`
 	Servers          []string          `hcl:"servers,optional"`
 	Token            *string           `hcl:"token,optional"`
 	CAFile           *string           `hcl:"ca_file,optional"`
@@ -72,7 +84,14 @@ type Agent struct {
 	Name, DataDir, BindAddr, AdvertiseAddr, LogLevel string
 	LogJSON                                          bool
 
-	Servers          []string // host:port of server API addresses
+	// Gossip: the pool the agent joins (empty RetryJoin: none, and the Node is judged by its Lease).
+	RetryJoin     []string // host:port of gossip members
+	RetryInterval time.Duration
+	RetryMax      int // join attempts before giving up; 0 means forever
+	GossipPort    int
+	Encrypt       string // base64 gossip key, empty for none
+
+	Servers          []string // host:port of server API addresses; with RetryJoin, learned from the pool when empty
 	Token            string
 	CAFile           string
 	ContainerdSocket string
@@ -109,8 +128,9 @@ func DefaultAgentFile() *AgentFile {
 	host, _ := os.Hostname()
 	return &AgentFile{
 		Name: ptr(host), BindAddr: ptr("127.0.0.1"), LogLevel: ptr("info"), LogJSON: ptr(false),
+		Ports: &AgentPorts{Gossip: ptr(7946)},
 		Agent: &AgentBlock{
-			Enabled: ptr(true), MaxPods: ptr(110), Runtime: ptr(RuntimeContainerd),
+			Enabled: ptr(true), MaxPods: ptr(110), Runtime: ptr(RuntimeContainerd), RetryInterval: ptr("15s"), RetryMax: ptr(0),
 			Simulated: &SimulatedBlock{Nodes: ptr(1), CPU: ptr("4"), Memory: ptr("8Gi"), Pods: ptr(110), Zones: ptr(1)},
 		},
 	}
@@ -160,8 +180,30 @@ func resolveAgent(f *AgentFile, src *source) (*Agent, error) {
 	if b.Enabled != nil && !*b.Enabled {
 		errs.add(src, "agent.enabled", "must be true for `skiff agent`")
 	}
-	if len(b.Servers) == 0 {
-		errs.add(src, "agent.servers", "lists no server; give the API address (host:port) of at least one")
+	a.GossipPort, a.RetryMax = *f.Ports.Gossip, *b.RetryMax
+	a.RetryInterval = errs.duration(src, "agent.retry_interval", *b.RetryInterval)
+	if a.GossipPort < 1 || a.GossipPort > 65535 {
+		errs.add(src, "ports.gossip", fmt.Sprintf("%d is not a port", a.GossipPort))
+	}
+	if a.RetryMax < 0 {
+		errs.add(src, "agent.retry_max", fmt.Sprintf("must be 0 (forever) or more, got %d", a.RetryMax))
+	}
+	for i, j := range b.RetryJoin {
+		addr, err := withDefaultPort(j, a.GossipPort)
+		if err != nil {
+			errs.add(src, "agent.retry_join", fmt.Sprintf("entry %d: %v", i, err))
+			continue
+		}
+		a.RetryJoin = append(a.RetryJoin, addr)
+	}
+	if f.Encrypt != nil {
+		a.Encrypt = *f.Encrypt
+		if key, err := base64.StdEncoding.DecodeString(a.Encrypt); err != nil || (len(key) != 16 && len(key) != 24 && len(key) != 32) {
+			errs.add(src, "encrypt", "must be a base64 key of 16, 24 or 32 bytes (for example from `openssl rand -base64 32`)")
+		}
+	}
+	if len(b.Servers) == 0 && len(b.RetryJoin) == 0 {
+		errs.add(src, "agent.servers", "lists no server; give the API address (host:port) of at least one, or retry_join to learn them by gossip")
 	}
 	for i, s := range b.Servers {
 		addr, err := withDefaultPort(s, 6443)

@@ -40,6 +40,11 @@ type ServerBlock struct {
 	ServiceCIDR     *string  `hcl:"service_cidr,optional"`
 	EventTTL        *string  `hcl:"event_ttl,optional"`
 	ClusterCIDR     *string  `hcl:"cluster_cidr,optional"`
+	// Node lifecycle: how long a Lease may go unrenewed, how long pods stay Terminating on a lost node, and
+	// the tolerationSeconds every pod gets for the not-ready and unreachable taints.
+	NodeLeaseGrace           *string `hcl:"node_lease_grace,optional"`
+	PodGCTimeout             *string `hcl:"pod_gc_timeout,optional"`
+	DefaultTolerationSeconds *int    `hcl:"default_toleration_seconds,optional"`
 	// Token is the join token node agents present.
 	Token *string `hcl:"token,optional"`
 	// The API answers 429 with Retry-After beyond these many requests in flight, as kube-apiserver does.
@@ -83,7 +88,11 @@ type Server struct {
 	ServiceCIDR     string // ClusterIPs come from here
 	ClusterCIDR     string // Nodes' pod CIDRs (a /24 each) come from here
 	EventTTL        time.Duration
-	JoinToken       string // node agents join with it; the first leader picks one when empty
+	// Node lifecycle (see ServerBlock).
+	NodeLeaseGrace           time.Duration
+	PodGCTimeout             time.Duration
+	DefaultTolerationSeconds int64
+	JoinToken                string // node agents join with it; the first leader picks one when empty
 
 	MaxRequestsInFlight         int
 	MaxMutatingRequestsInFlight int
@@ -124,6 +133,7 @@ func DefaultServerFile() *ServerFile {
 		Ports:    &PortsBlock{API: ptr(6443), Raft: ptr(6444), Gossip: ptr(7946)},
 		Server: &ServerBlock{
 			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"), ClusterCIDR: ptr("10.244.0.0/16"), EventTTL: ptr("1h"),
+			NodeLeaseGrace: ptr("40s"), PodGCTimeout: ptr("10m"), DefaultTolerationSeconds: ptr(300),
 			MaxRequestsInFlight: ptr(400), MaxMutatingRequestsInFlight: ptr(200),
 			Raft: &RaftBlock{
 				HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms"),
@@ -238,6 +248,8 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 	}{
 		{"server.retry_interval", f.Server.RetryInterval, &s.RetryInterval},
 		{"server.event_ttl", f.Server.EventTTL, &s.EventTTL},
+		{"server.node_lease_grace", f.Server.NodeLeaseGrace, &s.NodeLeaseGrace},
+		{"server.pod_gc_timeout", f.Server.PodGCTimeout, &s.PodGCTimeout},
 		{"server.raft.heartbeat_timeout", f.Server.Raft.HeartbeatTimeout, &s.HeartbeatTimeout},
 		{"server.raft.election_timeout", f.Server.Raft.ElectionTimeout, &s.ElectionTimeout},
 		{"server.raft.leader_lease_timeout", f.Server.Raft.LeaderLeaseTimeout, &s.LeaderLeaseTimeout},
@@ -246,6 +258,9 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 		{"server.watch_history.age", f.Server.WatchHistory.Age, &s.HistoryAge},
 	} {
 		*d.out = errs.duration(src, d.key, *d.val)
+	}
+	if s.DefaultTolerationSeconds = int64(*f.Server.DefaultTolerationSeconds); s.DefaultTolerationSeconds < 0 {
+		errs.add(src, "server.default_toleration_seconds", fmt.Sprintf("must be 0 or more, got %d", s.DefaultTolerationSeconds))
 	}
 	if s.LeaderLeaseTimeout > s.HeartbeatTimeout {
 		errs.add(src, "server.raft.leader_lease_timeout", "must not exceed heartbeat_timeout")

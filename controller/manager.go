@@ -5,12 +5,16 @@ import (
 	"sync"
 
 	"github.com/hashicorp/go-hclog"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/record"
 )
 
 // Clients are what controllers talk to the API with.
@@ -20,7 +24,13 @@ type Clients struct {
 	Metadata  metadata.Interface
 	Discovery discovery.DiscoveryInterface
 	Informers informers.SharedInformerFactory
+	Recorder  record.EventRecorder
 	Logger    hclog.Logger
+	// Members is the gossip pool, for the node lifecycle controller; nil turns it off.
+	Members       Members
+	NodeLifecycle NodeLifecycleConfig
+
+	broadcaster record.EventBroadcaster
 }
 
 // NewClients builds the clients for a rest config.
@@ -37,7 +47,11 @@ func NewClients(cfg *rest.Config, logger hclog.Logger) (*Clients, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Clients{Kube: kube, Dynamic: dyn, Metadata: meta, Discovery: kube.Discovery(), Informers: informers.NewSharedInformerFactory(kube, 0), Logger: logger}, nil
+	broadcaster := record.NewBroadcaster()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
+	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "node-controller"})
+	return &Clients{Kube: kube, Dynamic: dyn, Metadata: meta, Discovery: kube.Discovery(), Informers: informers.NewSharedInformerFactory(kube, 0),
+		Recorder: recorder, Logger: logger, broadcaster: broadcaster}, nil
 }
 
 // controllers is the table of controllers the manager runs.
@@ -48,6 +62,7 @@ var controllers = []struct {
 	{"namespace", runNamespaceController},
 	{"garbage-collector", runGarbageCollector},
 	{"serviceaccount", runServiceAccountController},
+	{"node-lifecycle", runNodeLifecycle},
 }
 
 // Run runs every controller until ctx ends (the leader lost its leadership).
@@ -64,4 +79,5 @@ func Run(ctx context.Context, c *Clients) {
 	c.Informers.Start(ctx.Done())
 	wg.Wait()
 	c.Informers.Shutdown()
+	c.broadcaster.Shutdown()
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"sort"
 	"strconv"
@@ -29,9 +30,22 @@ type Meta struct {
 	// BootID is drawn at each process start, so the pool can tell a restarted member from the same run.
 	BootID string   `json:"b,omitempty"`
 	Nodes  []string `json:"n,omitempty"` // nodes an agent hosts
+	// NodePrefix and NodeCount name many hosted nodes in few bytes: <prefix>-0 to <prefix>-<count-1>. A
+	// simulated agent hosting thousands of nodes could not list them within the metadata limit.
+	NodePrefix string `json:"np,omitempty"`
+	NodeCount  int    `json:"nc,omitempty"`
 	// Leaving is set just before a graceful leave, so the others can tell "left" from "failed": memberlist
 	// reports both as a leave.
 	Leaving bool `json:"l,omitempty"`
+}
+
+// HostedNodes are the names of the nodes the member hosts.
+func (m Meta) HostedNodes() []string {
+	out := append([]string(nil), m.Nodes...)
+	for i := 0; i < m.NodeCount; i++ {
+		out = append(out, m.NodePrefix+"-"+strconv.Itoa(i))
+	}
+	return out
 }
 
 // Status is a member's liveness as gossip sees it. (memberlist keeps suspicion to itself: a suspect member
@@ -76,6 +90,8 @@ type Config struct {
 	Meta          Meta
 	RetryJoin     []string // host:port of members to join
 	RetryInterval time.Duration
+	// RetryMax is how many join attempts to make before giving up (JoinFailed closes); 0 means forever.
+	RetryMax int
 	// EncryptKey is a base64 AES key (16, 24 or 32 bytes); empty disables encryption.
 	EncryptKey string
 	// Local selects memberlist's loopback timings (fast failure detection), for tests and dev mode.
@@ -88,14 +104,16 @@ type Pool struct {
 	cfg    Config
 	logger hclog.Logger
 	ml     *memberlist.Memberlist
+	mlConf *memberlist.Config
 
 	mu      sync.Mutex
 	meta    Meta
 	members map[string]Member
 	subs    map[chan Event]struct{}
 
-	joined   chan struct{}
-	joinOnce sync.Once
+	joined     chan struct{}
+	joinOnce   sync.Once
+	joinFailed chan struct{}
 	stop     chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -112,7 +130,7 @@ func New(cfg Config) (*Pool, error) {
 	p := &Pool{
 		cfg: cfg, logger: cfg.Logger.Named("gossip"), meta: cfg.Meta,
 		members: map[string]Member{}, subs: map[chan Event]struct{}{},
-		joined: make(chan struct{}), stop: make(chan struct{}),
+		joined: make(chan struct{}), joinFailed: make(chan struct{}), stop: make(chan struct{}),
 	}
 	mc := memberlist.DefaultLANConfig()
 	if cfg.Local {
@@ -138,6 +156,7 @@ func New(cfg Config) (*Pool, error) {
 	if _, err := json.Marshal(cfg.Meta); err != nil {
 		return nil, err
 	}
+	p.mlConf = mc
 	ml, err := memberlist.Create(mc)
 	if err != nil {
 		return nil, fmt.Errorf("starting gossip on %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(cfg.BindPort)), err)
@@ -156,11 +175,16 @@ func New(cfg Config) (*Pool, error) {
 // order find each other this way.
 func (p *Pool) retryJoin() {
 	defer p.wg.Done()
-	for {
+	for attempt := 1; ; attempt++ {
 		n, err := p.ml.Join(p.cfg.RetryJoin)
 		if n > 0 && p.ml.NumMembers() > 1 {
 			p.logger.Info("joined gossip pool", "contacted", n, "members", p.ml.NumMembers())
 			p.joinOnce.Do(func() { close(p.joined) })
+			return
+		}
+		if p.cfg.RetryMax > 0 && attempt >= p.cfg.RetryMax {
+			p.logger.Error("giving up joining the gossip pool", "addresses", p.cfg.RetryJoin, "attempts", attempt, "error", err)
+			close(p.joinFailed)
 			return
 		}
 		p.logger.Debug("join attempt failed, retrying", "addresses", p.cfg.RetryJoin, "error", err)
@@ -175,6 +199,16 @@ func (p *Pool) retryJoin() {
 // Joined is closed once the member has joined at least one other member (at once when there is nothing to
 // join).
 func (p *Pool) Joined() <-chan struct{} { return p.joined }
+
+// SuspicionTimeout is how long memberlist suspects a member before declaring it dead, at the pool's
+// current size (memberlist's own formula: SuspicionMult × max(1, log10(N)) × ProbeInterval).
+func (p *Pool) SuspicionTimeout() time.Duration {
+	scale := math.Max(1, math.Log10(math.Max(1, float64(p.ml.NumMembers()))))
+	return time.Duration(float64(p.mlConf.SuspicionMult) * scale * float64(p.mlConf.ProbeInterval))
+}
+
+// JoinFailed is closed when RetryMax join attempts all failed.
+func (p *Pool) JoinFailed() <-chan struct{} { return p.joinFailed }
 
 // Members returns the member table, dead and left members included, sorted by name.
 func (p *Pool) Members() []Member {

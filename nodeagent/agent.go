@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/gossip"
 )
 
 // Agent runs the pods bound to its nodes.
@@ -36,6 +37,7 @@ type Agent struct {
 	recorder record.EventRecorder
 	nodes    map[string]bool // the nodes this agent hosts
 	pods     cache.Indexer
+	pool     *gossip.Pool // nil without retry_join
 	ctx      context.Context
 
 	mu sync.Mutex
@@ -94,7 +96,25 @@ func (a *Agent) nodeNames() []string {
 //     in its own worker.
 func (a *Agent) Run(ctx context.Context) error {
 	a.ctx = ctx
-	restCfg, err := restConfig(ctx, a.cfg, a.cfg.Name)
+	if len(a.cfg.RetryJoin) > 0 {
+		pool, err := a.joinPool(ctx)
+		if err != nil {
+			return err
+		}
+		a.pool = pool
+		defer func() {
+			// Stopped on purpose (SIGTERM): say so, so the leader marks the Nodes shut down, not unreachable.
+			if err := pool.Leave(5 * time.Second); err != nil {
+				a.logger.Warn("leaving the gossip pool", "error", err)
+			}
+			pool.Shutdown()
+		}()
+		a.logger.Info("joined the gossip pool", "address", gossipAddr(a.cfg))
+		if err := a.waitForServers(ctx); err != nil {
+			return err
+		}
+	}
+	restCfg, err := restConfig(ctx, a.cfg, a.cfg.Name, a.serverAddrs)
 	if err != nil {
 		return err
 	}
@@ -109,10 +129,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		} else if err == nil {
 			break
 		}
-		a.logger.Warn("waiting for the API", "servers", a.cfg.Servers, "error", err)
+		a.logger.Warn("waiting for the API", "servers", a.serverAddrs(), "error", err)
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("reaching the API at %v: %w", a.cfg.Servers, err)
+			return fmt.Errorf("reaching the API at %v: %w", a.serverAddrs(), err)
 		case <-time.After(2 * time.Second):
 		}
 	}
@@ -167,6 +187,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.cfg.Runtime == config.RuntimeContainerd {
 		go a.resyncAll(ctx, 30*time.Second)
+	}
+	if a.pool == nil {
+		go a.renewLeases(ctx)
 	}
 	if lister, ok := a.runtime.(imageLister); ok {
 		go a.reportImages(ctx, lister, 30*time.Second)

@@ -23,20 +23,19 @@ var ErrJoinRefused = errors.New("the servers refused the join token (HTTP 401): 
 // restConfig returns the API client configuration of a node: the cluster CA (from ca_file, or fetched from a
 // server and checked against the join token), the node's bearer token, and a dialer that fails over between
 // the configured servers.
-func restConfig(ctx context.Context, cfg *config.Agent, node string) (*rest.Config, error) {
+func restConfig(ctx context.Context, cfg *config.Agent, node string, servers func() []string) (*rest.Config, error) {
 	var caPEM []byte
 	var err error
 	if cfg.CAFile != "" {
 		if caPEM, err = os.ReadFile(cfg.CAFile); err != nil {
 			return nil, fmt.Errorf("reading agent.ca_file: %w", err)
 		}
-	} else if caPEM, err = fetchCA(ctx, cfg); err != nil {
+	} else if caPEM, err = fetchCA(ctx, cfg, servers); err != nil {
 		return nil, err
 	}
 	dialer := &net.Dialer{Timeout: 2 * time.Second}
-	servers := cfg.Servers
 	return &rest.Config{
-		Host:        "https://" + servers[0],
+		Host:        "https://" + servers()[0],
 		BearerToken: join.BearerToken(node, cfg.Token),
 		// Every server's certificate names "kubernetes", whichever address the dialer reached.
 		TLSClientConfig: rest.TLSClientConfig{CAData: caPEM, ServerName: "kubernetes"},
@@ -44,7 +43,7 @@ func restConfig(ctx context.Context, cfg *config.Agent, node string) (*rest.Conf
 		QPS:             50, Burst: 100,
 		Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 			var last error
-			for _, addr := range servers {
+			for _, addr := range servers() {
 				conn, err := dialer.DialContext(ctx, network, addr)
 				if err == nil {
 					return conn, nil
@@ -58,11 +57,11 @@ func restConfig(ctx context.Context, cfg *config.Agent, node string) (*rest.Conf
 
 // fetchCA asks the servers, in turn and until ctx ends, for the cluster CA, and checks it against the join
 // token. A CA that fails the check stops the agent: retrying cannot fix a wrong token.
-func fetchCA(ctx context.Context, cfg *config.Agent) ([]byte, error) {
+func fetchCA(ctx context.Context, cfg *config.Agent, servers func() []string) ([]byte, error) {
 	// The CA is not known yet, so the TLS is unverified; the HMAC under the join token is what vouches for it.
 	client := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	for {
-		for _, server := range cfg.Servers {
+		for _, server := range servers() {
 			ca, err := fetchCAFrom(ctx, client, server, cfg.Token)
 			if err == nil || errors.Is(err, join.ErrCAMismatch) {
 				return ca, err
@@ -70,7 +69,7 @@ func fetchCA(ctx context.Context, cfg *config.Agent) ([]byte, error) {
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("fetching the cluster CA from %v: %w", cfg.Servers, ctx.Err())
+			return nil, fmt.Errorf("fetching the cluster CA from %v: %w", servers(), ctx.Err())
 		case <-time.After(time.Second):
 		}
 	}

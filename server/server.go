@@ -233,6 +233,8 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		ClusterCIDR:  s.cfg.ClusterCIDR,
 		EventTTL:     s.cfg.EventTTL,
 
+		DefaultTolerationSeconds: &s.cfg.DefaultTolerationSeconds,
+
 		MaxRequestsInFlight: s.cfg.MaxRequestsInFlight, MaxMutatingRequestsInFlight: s.cfg.MaxMutatingRequestsInFlight,
 	})
 	if err != nil {

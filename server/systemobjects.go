@@ -158,6 +158,8 @@ func (s *Server) runControllers(ctx context.Context) {
 		s.logger.Error("building controller clients", "error", err)
 		return
 	}
+	clients.Members = s.pool
+	clients.NodeLifecycle = controller.NodeLifecycleConfig{LeaseGrace: s.cfg.NodeLeaseGrace, PodGCTimeout: s.cfg.PodGCTimeout}
 	controller.Run(ctx, clients)
 }
 

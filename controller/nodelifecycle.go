@@ -1,0 +1,415 @@
+package controller
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+
+	"github.com/skiff-dev/skiff/gossip"
+)
+
+// Members is the gossip pool as the node lifecycle controller reads it.
+type Members interface {
+	Members() []gossip.Member
+	SuspicionTimeout() time.Duration
+}
+
+// NodeLifecycleConfig tunes the node lifecycle controller (server HCL keys in parentheses).
+type NodeLifecycleConfig struct {
+	// LeaseGrace is how stale a Node's Lease may be before a Node that no gossip member hosts is unreachable
+	// (node_lease_grace, 40 s).
+	LeaseGrace time.Duration
+	// PodGCTimeout is how long pods stay Terminating on a Node that is gone before they are force-deleted
+	// (pod_gc_timeout, 10 min).
+	PodGCTimeout time.Duration
+}
+
+// The taints the controller manages, as Kubernetes names them.
+const (
+	taintUnreachable = "node.kubernetes.io/unreachable"
+	taintNotReady    = "node.kubernetes.io/not-ready"
+)
+
+// nodeHealth is what the controller concludes about one Node.
+type nodeHealth int
+
+const (
+	healthUntracked   nodeHealth = iota // no gossip member and no Lease: left as its writer set it
+	healthReady                         // its member is alive (or its Lease is fresh)
+	healthUnreachable                   // its member failed (or its Lease went stale): Ready=Unknown
+	healthShutdown                      // its member left gracefully: Ready=False
+)
+
+// judgeNode decides a Node's health: by the gossip member that hosts it when there is one, else by its
+// Lease in kube-node-lease.
+func judgeNode(member *gossip.Member, lease *coordinationv1.Lease, now time.Time, grace time.Duration) nodeHealth {
+	if member != nil {
+		switch member.Status {
+		case gossip.StatusAlive:
+			return healthReady
+		case gossip.StatusLeft:
+			return healthShutdown
+		default:
+			return healthUnreachable
+		}
+	}
+	if lease == nil || lease.Spec.RenewTime == nil {
+		return healthUntracked
+	}
+	if now.Sub(lease.Spec.RenewTime.Time) > grace {
+		return healthUnreachable
+	}
+	return healthReady
+}
+
+// wantReady is the Ready condition a Node should carry in each state; nil leaves the condition alone.
+func wantReady(h nodeHealth) *corev1.NodeCondition {
+	switch h {
+	case healthReady:
+		return &corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "AgentReady", Message: "skiff agent is posting ready status"}
+	case healthUnreachable:
+		return &corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, Reason: "NodeStatusUnknown", Message: "Kubelet stopped posting node status."}
+	case healthShutdown:
+		return &corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionFalse, Reason: "NodeShutdown", Message: "The node agent left the cluster gracefully."}
+	}
+	return nil
+}
+
+// wantTaintKey is the health taint a Node should carry (NoSchedule and NoExecute), or "" for none.
+func wantTaintKey(h nodeHealth) string {
+	switch h {
+	case healthUnreachable:
+		return taintUnreachable
+	case healthShutdown:
+		return taintNotReady
+	}
+	return ""
+}
+
+// withHealthTaints returns the Node's taints with the health taints set to key (none when key is ""), and
+// whether they changed. A NoExecute taint records when it was added: tolerationSeconds count from then.
+func withHealthTaints(taints []corev1.Taint, key string, now time.Time) ([]corev1.Taint, bool) {
+	var out []corev1.Taint
+	have := map[corev1.TaintEffect]bool{}
+	changed := false
+	for _, t := range taints {
+		switch {
+		case (t.Key == taintUnreachable || t.Key == taintNotReady) && t.Key != key:
+			changed = true // a health taint that no longer applies
+			continue
+		case t.Key == key && key != "":
+			have[t.Effect] = true
+		}
+		out = append(out, t)
+	}
+	if key != "" {
+		for _, effect := range []corev1.TaintEffect{corev1.TaintEffectNoSchedule, corev1.TaintEffectNoExecute} {
+			if have[effect] {
+				continue
+			}
+			t := corev1.Taint{Key: key, Effect: effect}
+			if effect == corev1.TaintEffectNoExecute {
+				added := metav1.NewTime(now)
+				t.TimeAdded = &added
+			}
+			out = append(out, t)
+			changed = true
+		}
+	}
+	return out, changed
+}
+
+// evictAt is when a pod must leave a Node with this NoExecute taint: now without a matching toleration,
+// never (zero time, false) with one that has no tolerationSeconds, else when its tolerationSeconds run out.
+func evictAt(pod *corev1.Pod, taint corev1.Taint, now time.Time) (time.Time, bool) {
+	for _, tol := range pod.Spec.Tolerations {
+		if !tol.ToleratesTaint(klog.Background(), &taint, false) {
+			continue
+		}
+		if tol.TolerationSeconds == nil {
+			return time.Time{}, false
+		}
+		added := now
+		if taint.TimeAdded != nil {
+			added = taint.TimeAdded.Time
+		}
+		return added.Add(time.Duration(max(*tol.TolerationSeconds, 0)) * time.Second), true
+	}
+	return now, true
+}
+
+// runNodeLifecycle turns gossip member state (or Lease freshness) into Node conditions and taints, and evicts
+// pods from unreachable Nodes when their tolerations run out.
+//  1. Each second, judge every Node: member alive, failed or left; or, with no member, its Lease.
+//  2. Set its Ready condition and health taints (unreachable or not-ready, NoSchedule and NoExecute).
+//  3. Mark the pods of unreachable or shut-down Nodes not Ready, so endpoints drop them.
+//  4. Evict (graceful delete) pods whose tolerations of the NoExecute taint ran out, unless more than half of
+//     the tracked Nodes are unreachable at once: then the control plane's own network is the likelier
+//     culprit, and nothing is evicted (Kubernetes' full-disruption mode).
+//  5. Force-delete pods stuck Terminating on such Nodes for pod_gc_timeout, and pods whose Node is gone.
+//
+// A new leader inherits a view it did not watch form: it marks nothing unreachable and evicts nothing until
+// a full gossip suspicion interval has passed.
+func runNodeLifecycle(ctx context.Context, c *Clients) {
+	if c.Members == nil {
+		c.Logger.Info("no gossip pool: node lifecycle off")
+		return
+	}
+	cfg := c.NodeLifecycle
+	if cfg.LeaseGrace <= 0 {
+		cfg.LeaseGrace = 40 * time.Second
+	}
+	if cfg.PodGCTimeout <= 0 {
+		cfg.PodGCTimeout = 10 * time.Minute
+	}
+	nodes := c.Informers.Core().V1().Nodes()
+	pods := c.Informers.Core().V1().Pods()
+	leases := c.Informers.Coordination().V1().Leases()
+	if err := pods.Informer().AddIndexers(cache.Indexers{"nodeName": func(obj any) ([]string, error) {
+		return []string{obj.(*corev1.Pod).Spec.NodeName}, nil
+	}}); err != nil {
+		c.Logger.Error("pod index", "error", err)
+		return
+	}
+	c.Informers.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), nodes.Informer().HasSynced, pods.Informer().HasSynced, leases.Informer().HasSynced) {
+		return
+	}
+	l := &lifecycle{c: c, cfg: cfg, nodes: nodes.Lister(), podIndex: pods.Informer().GetIndexer(), leases: leases.Lister(),
+		warmAt: time.Now().Add(c.Members.SuspicionTimeout() + time.Second), orphanSince: map[string]time.Time{}}
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		l.reconcile(ctx, time.Now())
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+type lifecycle struct {
+	c           *Clients
+	cfg         NodeLifecycleConfig
+	nodes       corelisters.NodeLister
+	podIndex    cache.Indexer
+	leases      coordinationlisters.LeaseLister
+	warmAt      time.Time
+	disrupted   bool
+	orphanSince map[string]time.Time // pods whose Node is gone, by namespace/name
+}
+
+// reconcile is one pass of the steps runNodeLifecycle lists.
+func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
+	hosts := map[string]*gossip.Member{}
+	for _, m := range l.c.Members.Members() {
+		for _, name := range m.Meta.HostedNodes() {
+			// An alive member wins over a dead one that hosted the same Node before.
+			if prev := hosts[name]; prev == nil || prev.Status != gossip.StatusAlive {
+				hosts[name] = &m
+			}
+		}
+	}
+	nodes, err := l.nodes.List(labels.Everything())
+	if err != nil {
+		return
+	}
+	health := make(map[string]nodeHealth, len(nodes))
+	tracked, unreachable := 0, 0
+	for _, node := range nodes {
+		lease, _ := l.leases.Leases(corev1.NamespaceNodeLease).Get(node.Name)
+		h := judgeNode(hosts[node.Name], lease, now, l.cfg.LeaseGrace)
+		if h == healthUnreachable && now.Before(l.warmAt) {
+			continue // a new leader's inherited view: not yet
+		}
+		health[node.Name] = h
+		if h != healthUntracked {
+			tracked++
+		}
+		if h == healthUnreachable {
+			unreachable++
+		}
+	}
+	disrupted := tracked > 1 && unreachable*2 > tracked
+	if disrupted != l.disrupted {
+		l.disrupted = disrupted
+		if disrupted {
+			l.c.Logger.Warn("more than half of the nodes are unreachable at once: suspecting the control plane's own network, evictions stopped (full-disruption mode)",
+				"unreachable", unreachable, "tracked", tracked)
+		} else {
+			l.c.Logger.Info("leaving full-disruption mode: evictions resume", "unreachable", unreachable, "tracked", tracked)
+		}
+	}
+	for _, node := range nodes {
+		h, judged := health[node.Name]
+		if !judged || h == healthUntracked {
+			continue
+		}
+		if err := l.setNodeHealth(ctx, node, h, now); err != nil && ctx.Err() == nil {
+			l.c.Logger.Warn("updating node health", "node", node.Name, "error", err)
+		}
+		if h == healthUnreachable || h == healthShutdown {
+			l.handlePods(ctx, node, now, disrupted)
+		}
+	}
+	l.collectOrphans(ctx, nodes, now)
+}
+
+// setNodeHealth writes the Node's Ready condition and health taints when they differ from what h asks.
+func (l *lifecycle) setNodeHealth(ctx context.Context, node *corev1.Node, h nodeHealth, now time.Time) error {
+	want := wantReady(h)
+	var have *corev1.NodeCondition
+	for i := range node.Status.Conditions {
+		if node.Status.Conditions[i].Type == corev1.NodeReady {
+			have = &node.Status.Conditions[i]
+		}
+	}
+	if have == nil || have.Status != want.Status || have.Reason != want.Reason {
+		updated := node.DeepCopy()
+		cond := *want
+		cond.LastTransitionTime, cond.LastHeartbeatTime = metav1.NewTime(now), metav1.NewTime(now)
+		replaced := false
+		for i := range updated.Status.Conditions {
+			if updated.Status.Conditions[i].Type == corev1.NodeReady {
+				updated.Status.Conditions[i], replaced = cond, true
+			}
+		}
+		if !replaced {
+			updated.Status.Conditions = append(updated.Status.Conditions, cond)
+		}
+		var err error
+		if node, err = l.c.Kube.CoreV1().Nodes().UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+		l.c.Logger.Info("node health changed", "node", node.Name, "ready", want.Status, "reason", want.Reason)
+	}
+	taints, changed := withHealthTaints(node.Spec.Taints, wantTaintKey(h), now)
+	if !changed {
+		return nil
+	}
+	updated := node.DeepCopy()
+	updated.Spec.Taints = taints
+	_, err := l.c.Kube.CoreV1().Nodes().Update(ctx, updated, metav1.UpdateOptions{})
+	return err
+}
+
+// handlePods marks a lost Node's pods not Ready, evicts those whose tolerations ran out (unless disrupted),
+// and force-deletes those Terminating for longer than pod_gc_timeout: their agent will never confirm.
+func (l *lifecycle) handlePods(ctx context.Context, node *corev1.Node, now time.Time, disrupted bool) {
+	objs, _ := l.podIndex.ByIndex("nodeName", node.Name)
+	var noExecute []corev1.Taint
+	for _, t := range node.Spec.Taints {
+		if t.Effect == corev1.TaintEffectNoExecute {
+			noExecute = append(noExecute, t)
+		}
+	}
+	for _, obj := range objs {
+		pod := obj.(*corev1.Pod)
+		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if pod.DeletionTimestamp != nil {
+			if now.Sub(pod.DeletionTimestamp.Time) > l.cfg.PodGCTimeout {
+				l.forceDelete(ctx, pod, "its node "+node.Name+" is gone")
+			}
+			continue
+		}
+		l.markNotReady(ctx, pod, now)
+		if disrupted {
+			continue
+		}
+		for _, taint := range noExecute {
+			if at, evict := evictAt(pod, taint, now); evict && !now.Before(at) {
+				l.evict(ctx, pod, taint)
+				break
+			}
+		}
+	}
+}
+
+func (l *lifecycle) markNotReady(ctx context.Context, pod *corev1.Pod, now time.Time) {
+	for i, cond := range pod.Status.Conditions {
+		if cond.Type != corev1.PodReady {
+			continue
+		}
+		if cond.Status == corev1.ConditionFalse {
+			return
+		}
+		updated := pod.DeepCopy()
+		updated.Status.Conditions[i].Status = corev1.ConditionFalse
+		updated.Status.Conditions[i].LastTransitionTime = metav1.NewTime(now)
+		if _, err := l.c.Kube.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil && !apierrors.IsConflict(err) && !apierrors.IsNotFound(err) {
+			l.c.Logger.Warn("marking pod not ready", "pod", pod.Namespace+"/"+pod.Name, "error", err)
+		}
+		return
+	}
+}
+
+// evict deletes the pod gracefully, as the taint manager does; its controller replaces it elsewhere.
+func (l *lifecycle) evict(ctx context.Context, pod *corev1.Pod, taint corev1.Taint) {
+	err := l.c.Kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		l.c.Logger.Warn("evicting pod", "pod", pod.Namespace+"/"+pod.Name, "error", err)
+		return
+	}
+	l.c.Logger.Info("evicted pod from a lost node", "pod", pod.Namespace+"/"+pod.Name, "node", pod.Spec.NodeName, "taint", taint.Key)
+	l.c.Recorder.Eventf(pod, corev1.EventTypeNormal, "TaintManagerEviction", "Marking for deletion Pod %s/%s", pod.Namespace, pod.Name)
+}
+
+func (l *lifecycle) forceDelete(ctx context.Context, pod *corev1.Pod, why string) {
+	zero := int64(0)
+	err := l.c.Kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+		l.c.Logger.Warn("force-deleting pod", "pod", pod.Namespace+"/"+pod.Name, "error", err)
+		return
+	}
+	l.c.Logger.Info("force-deleted pod", "pod", pod.Namespace+"/"+pod.Name, "why", why)
+}
+
+// orphanQuarantine is how long a pod bound to a missing Node waits before it is deleted, as Kubernetes'
+// pod garbage collector waits: a Node may be recreated under the same name.
+const orphanQuarantine = 40 * time.Second
+
+// collectOrphans force-deletes pods bound to Nodes that no longer exist (`kubectl delete node`).
+func (l *lifecycle) collectOrphans(ctx context.Context, nodes []*corev1.Node, now time.Time) {
+	exists := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		exists[n.Name] = true
+	}
+	seen := map[string]bool{}
+	for _, key := range l.podIndex.ListIndexFuncValues("nodeName") {
+		if key == "" || exists[key] {
+			continue
+		}
+		objs, _ := l.podIndex.ByIndex("nodeName", key)
+		for _, obj := range objs {
+			pod := obj.(*corev1.Pod)
+			id := pod.Namespace + "/" + pod.Name
+			seen[id] = true
+			since, ok := l.orphanSince[id]
+			if !ok {
+				l.orphanSince[id] = now
+				continue
+			}
+			if now.Sub(since) >= orphanQuarantine {
+				l.forceDelete(ctx, pod, fmt.Sprintf("its node %s was deleted", key))
+			}
+		}
+	}
+	for id := range l.orphanSince {
+		if !seen[id] {
+			delete(l.orphanSince, id)
+		}
+	}
+}

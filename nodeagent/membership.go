@@ -1,0 +1,129 @@
+package nodeagent
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/gossip"
+)
+
+// joinPool joins the servers' gossip pool, when retry_join is set. Gossip is the agent's heartbeat: the leader
+// judges the agent's Nodes by its member state, so the agent writes no heartbeats. The member's metadata
+// names the Nodes it hosts; from the pool the agent learns every server's API address.
+func (a *Agent) joinPool(ctx context.Context) (*gossip.Pool, error) {
+	boot := make([]byte, 8)
+	_, _ = rand.Read(boot)
+	meta := gossip.Meta{Role: gossip.RoleAgent, BootID: hex.EncodeToString(boot)}
+	if names := a.nodeNames(); len(names) == 1 {
+		meta.Nodes = names
+	} else {
+		meta.NodePrefix, meta.NodeCount = a.cfg.Name, len(names)
+	}
+	pool, err := gossip.New(gossip.Config{
+		Name: a.cfg.Name, BindAddr: a.cfg.BindAddr, BindPort: a.cfg.GossipPort, AdvertiseAddr: a.cfg.AdvertiseAddr,
+		Meta: meta, RetryJoin: a.cfg.RetryJoin, RetryInterval: a.cfg.RetryInterval, RetryMax: a.cfg.RetryMax,
+		EncryptKey: a.cfg.Encrypt, Logger: a.logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a.logger.Info("joining the gossip pool", "retry_join", a.cfg.RetryJoin)
+	select {
+	case <-pool.Joined():
+	case <-pool.JoinFailed():
+		pool.Shutdown()
+		return nil, fmt.Errorf("could not join the gossip pool at %v after %d attempts", a.cfg.RetryJoin, a.cfg.RetryMax)
+	case <-ctx.Done():
+		pool.Shutdown()
+		return nil, ctx.Err()
+	}
+	return pool, nil
+}
+
+// serverAddrs returns the API addresses to try: the configured servers, then those the pool announces.
+func (a *Agent) serverAddrs() []string {
+	addrs := append([]string(nil), a.cfg.Servers...)
+	if a.pool == nil {
+		return addrs
+	}
+	seen := map[string]bool{}
+	for _, s := range addrs {
+		seen[s] = true
+	}
+	for _, m := range a.pool.Alive(gossip.RoleServer) {
+		if m.Meta.APIAddr != "" && !seen[m.Meta.APIAddr] {
+			seen[m.Meta.APIAddr] = true
+			addrs = append(addrs, m.Meta.APIAddr)
+		}
+	}
+	return addrs
+}
+
+// waitForServers waits until the pool has announced at least one server's API address.
+func (a *Agent) waitForServers(ctx context.Context) error {
+	for len(a.serverAddrs()) == 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// Node leases, as the kubelet keeps them: an agent that gossips needs none; one that does not renews a Lease
+// per Node in kube-node-lease, by which the leader judges it.
+const (
+	leaseDuration = 40 * time.Second
+	leaseRenew    = 10 * time.Second
+)
+
+func (a *Agent) renewLeases(ctx context.Context) {
+	for {
+		for name := range a.nodes {
+			if err := a.renewLease(ctx, name); err != nil && ctx.Err() == nil {
+				a.logger.Warn("renewing the node lease", "node", name, "error", err)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(leaseRenew):
+		}
+	}
+}
+
+func (a *Agent) renewLease(ctx context.Context, node string) error {
+	leases := a.client.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+	now := metav1.NewMicroTime(time.Now())
+	seconds := int32(leaseDuration / time.Second)
+	lease, err := leases.Get(ctx, node, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		_, err = leases.Create(ctx, &coordinationv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: node, Namespace: corev1.NamespaceNodeLease},
+			Spec:       coordinationv1.LeaseSpec{HolderIdentity: &node, LeaseDurationSeconds: &seconds, RenewTime: &now},
+		}, metav1.CreateOptions{})
+		return err
+	} else if err != nil {
+		return err
+	}
+	lease.Spec.HolderIdentity, lease.Spec.LeaseDurationSeconds, lease.Spec.RenewTime = &node, &seconds, &now
+	_, err = leases.Update(ctx, lease, metav1.UpdateOptions{})
+	return err
+}
+
+// gossipAddr is the agent's gossip listener, for logs.
+func gossipAddr(cfg *config.Agent) string {
+	return net.JoinHostPort(cfg.AdvertiseAddr, strconv.Itoa(cfg.GossipPort))
+}
