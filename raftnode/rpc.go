@@ -146,20 +146,27 @@ func (e *dialError) Error() string { return "dial: " + e.err.Error() }
 func (e *dialError) Unwrap() error { return e.err }
 
 // call runs one RPC with ctx's deadline. A broken connection is dropped from the pool.
+// A call that finds its pooled connection already shut down was never sent, so it is retried once on a
+// fresh connection rather than failed.
 func (p *rpcPool) call(ctx context.Context, addr, method string, args, reply any) error {
-	c, err := p.get(addr)
-	if err != nil {
-		return err
-	}
-	call := c.Go(method, args, reply, make(chan *rpc.Call, 1))
-	select {
-	case <-call.Done:
-		if call.Error == rpc.ErrShutdown || isConnError(call.Error) {
-			p.drop(addr, c)
+	for attempt := 0; ; attempt++ {
+		c, err := p.get(addr)
+		if err != nil {
+			return err
 		}
-		return fromWire(call.Error)
-	case <-ctx.Done():
-		return ctx.Err()
+		call := c.Go(method, args, reply, make(chan *rpc.Call, 1))
+		select {
+		case <-call.Done:
+			if call.Error == rpc.ErrShutdown || isConnError(call.Error) {
+				p.drop(addr, c)
+			}
+			if call.Error == rpc.ErrShutdown && attempt == 0 {
+				continue
+			}
+			return fromWire(call.Error)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
 	}
 }
 

@@ -104,6 +104,8 @@ type Proc struct {
 	Dir      string
 	Config   string
 	RaftAddr string // where raftnode.Client reaches this server
+	// GossipAddr is where agents and servers join this server's gossip pool.
+	GossipAddr string
 	cmd      *exec.Cmd
 	logPath  string
 }
@@ -135,6 +137,7 @@ func NewCluster(t testing.TB, n int, extraServerHCL string) *Cluster {
 		p := &Proc{Name: fmt.Sprintf("cp-%d", i+1), IP: ip, Dir: filepath.Join(base, fmt.Sprintf("cp-%d", i+1))}
 		p.Config = filepath.Join(base, p.Name+".hcl")
 		p.RaftAddr = fmt.Sprintf("%s:%d", ip, ports[1])
+		p.GossipAddr = fmt.Sprintf("%s:%d", ip, ports[2])
 		p.logPath = filepath.Join(base, p.Name+".log")
 		hcl := fmt.Sprintf(`name      = %q
 data_dir  = %q
