@@ -114,9 +114,9 @@ type Pool struct {
 	joined     chan struct{}
 	joinOnce   sync.Once
 	joinFailed chan struct{}
-	stop     chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup
+	stop       chan struct{}
+	stopOnce   sync.Once
+	wg         sync.WaitGroup
 }
 
 // New creates the member and starts joining RetryJoin in the background.

@@ -106,8 +106,8 @@ type Proc struct {
 	RaftAddr string // where raftnode.Client reaches this server
 	// GossipAddr is where agents and servers join this server's gossip pool.
 	GossipAddr string
-	cmd      *exec.Cmd
-	logPath  string
+	cmd        *exec.Cmd
+	logPath    string
 }
 
 // Cluster is a set of server processes that share ports on different loopback addresses.
