@@ -109,6 +109,11 @@ func withHealthTaints(taints []corev1.Taint, key string, now time.Time) ([]corev
 			continue
 		case t.Key == key && key != "":
 			have[t.Effect] = true
+			if t.Effect == corev1.TaintEffectNoExecute && t.TimeAdded == nil {
+				// tolerationSeconds count from TimeAdded; a taint without one would never run out.
+				added := metav1.NewTime(now)
+				t.TimeAdded, changed = &added, true
+			}
 		}
 		out = append(out, t)
 	}

@@ -68,19 +68,20 @@ func TestJudgeNode(t *testing.T) {
 
 func TestWantReadyAndTaintKey(t *testing.T) {
 	cases := []struct {
+		name       string
 		health     nodeHealth
 		wantNil    bool
 		wantStatus corev1.ConditionStatus
 		wantReason string
 		wantTaint  string
 	}{
-		{healthUntracked, true, "", "", ""},
-		{healthReady, false, corev1.ConditionTrue, "AgentReady", ""},
-		{healthUnreachable, false, corev1.ConditionUnknown, "NodeStatusUnknown", taintUnreachable},
-		{healthShutdown, false, corev1.ConditionFalse, "NodeShutdown", taintNotReady},
+		{"untracked", healthUntracked, true, "", "", ""},
+		{"ready", healthReady, false, corev1.ConditionTrue, "AgentReady", ""},
+		{"unreachable", healthUnreachable, false, corev1.ConditionUnknown, "NodeStatusUnknown", taintUnreachable},
+		{"shutdown", healthShutdown, false, corev1.ConditionFalse, "NodeShutdown", taintNotReady},
 	}
 	for _, tc := range cases {
-		t.Run(fmt.Sprint(tc.health), func(t *testing.T) {
+		t.Run(tc.name, func(t *testing.T) {
 			got := wantReady(tc.health)
 			switch {
 			case tc.wantNil && got != nil:
@@ -172,7 +173,6 @@ func TestEvictAt(t *testing.T) {
 	now := lifecycleT0
 	t0 := now.Add(-2 * time.Second)
 	unreachable := corev1.Taint{Key: taintUnreachable, Effect: corev1.TaintEffectNoExecute, TimeAdded: mtime(t0)}
-	noTimeAdded := corev1.Taint{Key: taintUnreachable, Effect: corev1.TaintEffectNoExecute}
 	tol := func(key string, op corev1.TolerationOperator, effect corev1.TaintEffect, secs *int64) corev1.Toleration {
 		return corev1.Toleration{Key: key, Operator: op, Effect: effect, TolerationSeconds: secs}
 	}
@@ -187,7 +187,6 @@ func TestEvictAt(t *testing.T) {
 		{"toleration without seconds: never", []corev1.Toleration{tol(taintUnreachable, corev1.TolerationOpExists, corev1.TaintEffectNoExecute, nil)}, unreachable, time.Time{}, false},
 		{"toleration with empty effect without seconds: never", []corev1.Toleration{tol(taintUnreachable, corev1.TolerationOpExists, "", nil)}, unreachable, time.Time{}, false},
 		{"5 seconds from TimeAdded", []corev1.Toleration{tol(taintUnreachable, corev1.TolerationOpExists, corev1.TaintEffectNoExecute, i64(5))}, unreachable, t0.Add(5 * time.Second), true},
-		{"5 seconds without TimeAdded counts from now", []corev1.Toleration{tol(taintUnreachable, corev1.TolerationOpExists, corev1.TaintEffectNoExecute, i64(5))}, noTimeAdded, now.Add(5 * time.Second), true},
 		{"Exists with empty key tolerates everything", []corev1.Toleration{tol("", corev1.TolerationOpExists, "", nil)}, unreachable, time.Time{}, false},
 		{"Exists with empty key for NoSchedule only does not tolerate NoExecute", []corev1.Toleration{tol("", corev1.TolerationOpExists, corev1.TaintEffectNoSchedule, nil)}, unreachable, now, true},
 		{"different key does not count", []corev1.Toleration{tol(taintNotReady, corev1.TolerationOpExists, corev1.TaintEffectNoExecute, nil)}, unreachable, now, true},
@@ -474,6 +473,9 @@ func TestReconcileLifecycle(t *testing.T) {
 					// A dead member that hosted n-moved before, and the alive one that hosts it now.
 					member("a-old", gossip.StatusDead, "n-moved"),
 					member("a-new", gossip.StatusAlive, "n-moved"),
+					// The same, the alive member listed first.
+					member("b-new", gossip.StatusAlive, "n-moved-2"),
+					member("b-old", gossip.StatusDead, "n-moved-2"),
 				},
 				nodes: []*corev1.Node{
 					testNode("n-dead", ready, user),
@@ -481,6 +483,7 @@ func TestReconcileLifecycle(t *testing.T) {
 					testNode("n-back", unknown, append([]corev1.Taint{user}, unreachableTaints(tainted)...)...),
 					testNode("n-ok", ready),
 					testNode("n-moved", ready),
+					testNode("n-moved-2", ready),
 					testNode("n-lease-fresh", unknown, unreachableTaints(tainted)...),
 					testNode("n-lease-stale", ready),
 				},
@@ -495,10 +498,11 @@ func TestReconcileLifecycle(t *testing.T) {
 				checkNode(t, h, "n-back", corev1.ConditionTrue, "AgentReady", []string{"dedicated=infra:NoSchedule"})
 				checkNode(t, h, "n-ok", corev1.ConditionTrue, "AgentReady", nil)
 				checkNode(t, h, "n-moved", corev1.ConditionTrue, "AgentReady", nil)
+				checkNode(t, h, "n-moved-2", corev1.ConditionTrue, "AgentReady", nil)
 				checkNode(t, h, "n-lease-fresh", corev1.ConditionTrue, "AgentReady", nil)
 				checkNode(t, h, "n-lease-stale", corev1.ConditionUnknown, "NodeStatusUnknown", unr(now))
 				for _, w := range h.writes() {
-					if strings.HasSuffix(w, " n-ok") || strings.HasSuffix(w, " n-moved") {
+					if strings.HasSuffix(w, " n-ok") || strings.HasSuffix(w, " n-moved") || strings.HasSuffix(w, " n-moved-2") {
 						t.Errorf("unexpected write to a node already as wanted: %s", w)
 					}
 				}

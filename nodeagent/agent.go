@@ -187,6 +187,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if a.cfg.Runtime == config.RuntimeContainerd {
 		go a.resyncAll(ctx, 30*time.Second)
+		go a.syncPodRoutes(ctx)
 	}
 	if a.pool == nil {
 		go a.renewLeases(ctx)
@@ -479,8 +480,19 @@ func (a *Agent) nodeSpec(i int, name string, host hostFacts) nodeSpec {
 		status: corev1.NodeStatus{
 			Capacity: capacity, Allocatable: capacity.DeepCopy(),
 			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: a.cfg.AdvertiseAddr}, {Type: corev1.NodeHostName, Address: name}},
-			Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "AgentReady",
-				Message: "skiff agent is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now}},
+			Conditions: []corev1.NodeCondition{
+				{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "AgentReady",
+					Message: "skiff agent is posting ready status", LastHeartbeatTime: now, LastTransitionTime: now},
+				// The agent's own conditions, beside Ready, which the leader maintains from gossip.
+				{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse, Reason: "AgentHasSufficientMemory",
+					Message: "skiff agent has sufficient memory available", LastHeartbeatTime: now, LastTransitionTime: now},
+				{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, Reason: "AgentHasNoDiskPressure",
+					Message: "skiff agent has no disk pressure", LastHeartbeatTime: now, LastTransitionTime: now},
+				{Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse, Reason: "AgentHasSufficientPID",
+					Message: "skiff agent has sufficient PID available", LastHeartbeatTime: now, LastTransitionTime: now},
+				{Type: corev1.NodeNetworkUnavailable, Status: corev1.ConditionFalse, Reason: "RouteCreated",
+					Message: "skiff agent's pod network is up", LastHeartbeatTime: now, LastTransitionTime: now},
+			},
 			NodeInfo: corev1.NodeSystemInfo{KernelVersion: host.kernel, OSImage: host.osImage, OperatingSystem: runtime.GOOS,
 				Architecture: runtime.GOARCH, ContainerRuntimeVersion: a.runtime.Version(), KubeletVersion: "skiff"},
 		},

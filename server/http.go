@@ -42,6 +42,9 @@ type MemberInfo struct {
 	Role    string `json:"role"`
 	Raft    string `json:"raft,omitempty"`
 	API     string `json:"api,omitempty"`
+	// Nodes are the Nodes an agent hosts: their names, or for many a range such as "sim-0..sim-4999".
+	Nodes     []string `json:"nodes,omitempty"`
+	NodeCount int      `json:"nodeCount,omitempty"`
 }
 
 // forwardedHeader marks a request a follower proxied to the leader, so it is never proxied twice.
@@ -286,7 +289,12 @@ func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) {
 func (s *Server) listMembers(w http.ResponseWriter, r *http.Request) {
 	out := []MemberInfo{}
 	for _, m := range s.pool.Members() {
-		out = append(out, MemberInfo{Name: m.Name, Address: m.Addr, Status: string(m.Status), Role: m.Meta.Role, Raft: m.Meta.RaftAddr, API: m.Meta.APIAddr})
+		info := MemberInfo{Name: m.Name, Address: m.Addr, Status: string(m.Status), Role: m.Meta.Role, Raft: m.Meta.RaftAddr, API: m.Meta.APIAddr,
+			Nodes: m.Meta.Nodes, NodeCount: len(m.Meta.Nodes) + m.Meta.NodeCount}
+		if m.Meta.NodeCount > 0 {
+			info.Nodes = append(info.Nodes, fmt.Sprintf("%s-0..%s-%d", m.Meta.NodePrefix, m.Meta.NodePrefix, m.Meta.NodeCount-1))
+		}
+		out = append(out, info)
 	}
 	writeJSON(w, out)
 }

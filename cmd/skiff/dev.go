@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/v1"
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/skiff-dev/skiff/config"
@@ -56,7 +55,7 @@ func runDev(args []string) int {
 		logger.Error("starting dev server", "error", err)
 		return 1
 	}
-	fmt.Fprintf(os.Stderr, "\nSkiff dev cluster starting. Once ready:\n  export KUBECONFIG=%s\n  kubectl run hello --image=%s -- sleep 3600\n  kubectl get pods -w\n\n", srv.KubeconfigPath(), devBusyboxRef)
+	fmt.Fprintf(os.Stderr, "\nSkiff dev cluster starting. Once ready:\n  export KUBECONFIG=%s\n  kubectl run hello --image=%s -- sleep 3600\n  kubectl get pods -w\n\n", srv.KubeconfigPath(), images.OfflineBusyboxRef)
 	ctx, stopAgent := context.WithCancel(context.Background())
 	defer stopAgent()
 	agentDone := make(chan struct{})
@@ -91,7 +90,9 @@ func startDevAgent(ctx context.Context, dir string, apiPort int, runtime string,
 		return nil, err
 	}
 	if runtime == config.RuntimeContainerd {
-		offerBusybox(filepath.Join(agentDir, "images", "busybox.tar"), logger)
+		if err := images.WriteOfflineBusybox(filepath.Join(agentDir, "images", "busybox.tar")); err != nil {
+			logger.Warn("no busybox image for the dev node", "error", err)
+		}
 	}
 	cfg, err := config.LoadAgent("", &config.AgentFile{
 		Name: ptr("dev"), DataDir: &agentDir, BindAddr: ptr("127.0.0.1"),
@@ -111,24 +112,6 @@ func startDevAgent(ctx context.Context, dir string, apiPort int, runtime string,
 		}
 	}()
 	return cfg, nil
-}
-
-// devBusyboxRef is the image a newcomer can run on a dev cluster without any registry.
-const devBusyboxRef = "skiff.local/busybox:1"
-
-// offerBusybox puts a busybox image, made from the host's busybox-static, where the agent imports image
-// tarballs at start, so that `kubectl run` works on a machine with no registry at hand.
-func offerBusybox(path string, logger hclog.Logger) {
-	spec, err := images.Busybox(images.BusyboxPath)
-	if err == nil {
-		var img v1.Image
-		if img, err = images.Build(spec); err == nil {
-			err = images.WriteTarball(img, devBusyboxRef, path)
-		}
-	}
-	if err != nil {
-		logger.Warn("no busybox image for the dev node", "error", err)
-	}
 }
 
 // readJoinToken waits for the server to write its join token at start-up.

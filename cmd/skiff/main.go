@@ -20,6 +20,7 @@ var commands = map[string]command{
 	"server":   {"run a control-plane peer from an HCL config", runServer},
 	"agent":    {"run a node agent from an HCL config", runAgent},
 	"dev":      {"run a single-server cluster in one process", runDev},
+	"local":    {"run an HA cluster of network-namespace hosts on this machine (up, down, status)", runLocal},
 	"operator": {"manage Raft peers, snapshots and gossip members", runOperator},
 	"version":  {"print the version", func([]string) int { fmt.Println("skiff", version); return 0 }},
 }

@@ -263,8 +263,26 @@ func listMembers(c *opClient, _ []string) error {
 	}
 	var rows [][]string
 	for _, m := range members {
-		rows = append(rows, []string{m.Name, m.Address, m.Status, m.Role})
+		addrs := []string{}
+		if m.API != "" {
+			addrs = append(addrs, "api="+m.API)
+		}
+		if m.Raft != "" {
+			addrs = append(addrs, "raft="+m.Raft)
+		}
+		nodes := "-"
+		if len(m.Nodes) > 0 {
+			nodes = strings.Join(m.Nodes, ",")
+		}
+		rows = append(rows, []string{m.Name, m.Address, m.Status, m.Role, orDash(strings.Join(addrs, " ")), nodes})
 	}
-	table("NAME\tADDRESS\tSTATUS\tROLE", rows)
+	table("NAME\tADDRESS\tSTATUS\tROLE\tSERVES\tNODES", rows)
 	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
 }

@@ -455,3 +455,24 @@ func Busybox(binary string) (Spec, error) {
 	}
 	return Spec{Files: files, Env: []string{BusyboxPATH}, Cmd: []string{"sh"}}, nil
 }
+
+// OfflineBusyboxRef is the busybox image that `skiff dev` and `skiff local` give their nodes, so that pods
+// run on a machine with no registry at hand.
+const OfflineBusyboxRef = "skiff.local/busybox:1"
+
+// WriteOfflineBusybox writes the busybox image, made from the host's busybox-static, as a tarball at path;
+// an agent imports the tarballs in its <data_dir>/images at start.
+func WriteOfflineBusybox(path string) error {
+	spec, err := Busybox(BusyboxPath)
+	if err != nil {
+		return err
+	}
+	img, err := Build(spec)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	return WriteTarball(img, OfflineBusyboxRef, path)
+}

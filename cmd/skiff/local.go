@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/skiff-dev/skiff/localcluster"
+)
+
+// runLocal is `skiff local up|down|status`: an HA cluster of network-namespace hosts on this machine.
+func runLocal(args []string) int {
+	if len(args) == 0 {
+		fmt.Fprintln(os.Stderr, "usage: skiff local up|down|status [--dir .skiff] [--servers 3 --agents 2 --runtime containerd]")
+		return 2
+	}
+	fs := flag.NewFlagSet("local "+args[0], flag.ContinueOnError)
+	dir := fs.String("dir", ".skiff", "directory of the local cluster's state, configs, data and logs")
+	servers := fs.Int("servers", 3, "servers (up)")
+	agents := fs.Int("agents", 2, "node agents (up)")
+	runtime := fs.String("runtime", "containerd", "the agents' runtime: containerd or simulated (up)")
+	if err := fs.Parse(args[1:]); err != nil {
+		return 2
+	}
+	switch args[0] {
+	case "up":
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+		defer cancel()
+		st, err := localcluster.Up(ctx, localcluster.Options{Dir: *dir, Servers: *servers, Agents: *agents, AgentRuntime: *runtime})
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "skiff local up: %v\n", err)
+			return 1
+		}
+		kubeconfig := st.Kubeconfig(mustAbs(*dir))
+		if err := waitForNodes(ctx, kubeconfig, *agents); err != nil {
+			fmt.Fprintf(os.Stderr, "skiff local up: the cluster did not come up: %v (logs in %s)\n", err, *dir)
+			return 1
+		}
+		printLocal(st)
+		fmt.Printf("\nexport KUBECONFIG=%s\nkubectl get nodes\n", kubeconfig)
+		return 0
+	case "status":
+		st, err := localcluster.Load(*dir)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		printLocal(st)
+		return 0
+	case "down":
+		if err := localcluster.Down(*dir); err != nil {
+			fmt.Fprintf(os.Stderr, "skiff local down: %v\n", err)
+			return 1
+		}
+		return 0
+	}
+	fmt.Fprintf(os.Stderr, "skiff local: unknown subcommand %q\n", args[0])
+	return 2
+}
+
+func mustAbs(dir string) string {
+	abs, err := os.Getwd()
+	if err != nil || strings.HasPrefix(dir, "/") {
+		return dir
+	}
+	return abs + "/" + dir
+}
+
+func printLocal(st *localcluster.State) {
+	var rows [][]string
+	for _, h := range st.Hosts {
+		state := "running"
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", h.PID)); err != nil {
+			state = "stopped"
+		}
+		rows = append(rows, []string{h.Name, h.Role, h.IP, h.Netns, state, h.Log})
+	}
+	table("HOST\tROLE\tIP\tNETNS\tPROCESS\tLOG", rows)
+}
+
+// waitForNodes waits until the API answers through the first server and the agents' Nodes are Ready.
+func waitForNodes(ctx context.Context, kubeconfig string, agents int) error {
+	var last error
+	for {
+		if cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig); err == nil {
+			client := kubernetes.NewForConfigOrDie(cfg)
+			nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+			if err == nil {
+				ready := 0
+				for _, n := range nodes.Items {
+					for _, c := range n.Status.Conditions {
+						if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+							ready++
+						}
+					}
+				}
+				if ready >= agents {
+					return nil
+				}
+				err = fmt.Errorf("%d of %d nodes Ready", ready, agents)
+			}
+			last = err
+		} else {
+			last = err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%w (last: %v)", ctx.Err(), last)
+		case <-time.After(time.Second):
+		}
+	}
+}

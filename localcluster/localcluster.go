@@ -1,0 +1,450 @@
+// Package localcluster runs a multi-host Skiff cluster on one machine: each host is a network namespace with
+// its own address, routes and iptables, joined to the others by a veth pair on a shared bridge, and runs one
+// `skiff server` or `skiff agent` from a generated HCL file. `skiff local up|down|status` drives it; the
+// end-to-end tests use it to kill, partition and heal hosts for real.
+package localcluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/skiff-dev/skiff/internal/images"
+)
+
+// Options say what to bring up.
+type Options struct {
+	Dir     string // state, configs, data and logs; created
+	Servers int
+	Agents  int
+	Binary  string // the skiff binary; the running one when empty
+	// AgentRuntime is the agents' runtime: containerd (default) or simulated.
+	AgentRuntime string
+}
+
+// Host is one namespace of the cluster.
+type Host struct {
+	Name   string `json:"name"`
+	Role   string `json:"role"` // server or agent
+	Netns  string `json:"netns"`
+	IP     string `json:"ip"`
+	Veth   string `json:"veth"` // the host side, on the bridge
+	Config string `json:"config"`
+	Log    string `json:"log"`
+	PID    int    `json:"pid"`
+}
+
+// State is what `up` made, saved in <dir>/state.json for `down` and `status`.
+type State struct {
+	ID      string `json:"id"`
+	Bridge  string `json:"bridge"`
+	Gateway string `json:"gateway"` // the host's address on the bridge
+	Binary  string `json:"binary"`
+	Token   string `json:"token"`
+	Hosts   []Host `json:"hosts"`
+}
+
+// Kubeconfig is the admin kubeconfig of the first server.
+func (s *State) Kubeconfig(dir string) string {
+	return filepath.Join(dir, s.Hosts[0].Name, "data", "admin.kubeconfig")
+}
+
+// Host returns a host by name.
+func (s *State) Host(name string) (*Host, bool) {
+	for i := range s.Hosts {
+		if s.Hosts[i].Name == name {
+			return &s.Hosts[i], true
+		}
+	}
+	return nil, false
+}
+
+func stateFile(dir string) string { return filepath.Join(dir, "state.json") }
+
+// Load reads the state `up` saved.
+func Load(dir string) (*State, error) {
+	data, err := os.ReadFile(stateFile(dir))
+	if err != nil {
+		return nil, fmt.Errorf("no local cluster in %s: %w", dir, err)
+	}
+	var s State
+	return &s, json.Unmarshal(data, &s)
+}
+
+func (s *State) save(dir string) error {
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(stateFile(dir), data, 0o600)
+}
+
+func run(args ...string) error {
+	out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// inNetns is the command line that runs args in the host's network namespace and nothing else: unlike
+// `ip netns exec`, nsenter keeps the mount namespace, so /sys/fs/cgroup stays visible to containerd and runc.
+func (h *Host) inNetns(args ...string) []string {
+	return append([]string{"nsenter", "--net=/run/netns/" + h.Netns, "--"}, args...)
+}
+
+// InNetns runs a command in a host's network namespace, for tests and operators (partitions, say).
+func (h *Host) InNetns(args ...string) error {
+	return run(h.inNetns(args...)...)
+}
+
+// Up makes the network and starts the processes, agents first (they keep trying to join until a server
+// answers), and returns once every process runs; the caller waits for the API.
+//  1. a bridge with a free 10.x.y.0/24, the host's side at .1;
+//  2. per host: a namespace, a veth pair onto the bridge, its address (.10 and up), lo, a default route;
+//  3. per host: its HCL (servers: bootstrap_expect and retry_join of all servers; agents: retry_join of the
+//     first server only, so the rest is learned by gossip) and its process, inside the namespace.
+func Up(ctx context.Context, opts Options) (*State, error) {
+	if opts.Servers < 1 {
+		return nil, errors.New("at least one server is needed")
+	}
+	if opts.Binary == "" {
+		exe, err := os.Executable()
+		if err != nil {
+			return nil, err
+		}
+		opts.Binary = exe
+	}
+	if opts.AgentRuntime == "" {
+		opts.AgentRuntime = "containerd"
+	}
+	dir, err := filepath.Abs(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(stateFile(dir)); err == nil {
+		return nil, fmt.Errorf("%s already holds a local cluster; run `skiff local down --dir %s` first", dir, opts.Dir)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	idBytes := make([]byte, 3)
+	_, _ = rand.Read(idBytes)
+	tokenBytes := make([]byte, 16)
+	_, _ = rand.Read(tokenBytes)
+	st := &State{ID: hex.EncodeToString(idBytes), Binary: opts.Binary, Token: hex.EncodeToString(tokenBytes)}
+	st.Bridge = "skl" + st.ID
+	prefix, err := freeSubnet()
+	if err != nil {
+		return nil, err
+	}
+	st.Gateway = prefix + ".1"
+	if err := st.save(dir); err != nil { // from here on, `down` can undo whatever was made
+		return nil, err
+	}
+	fail := func(err error) (*State, error) {
+		_ = Down(dir)
+		return nil, err
+	}
+	for _, cmd := range [][]string{
+		{"ip", "link", "add", st.Bridge, "type", "bridge"},
+		{"ip", "addr", "add", st.Gateway + "/24", "dev", st.Bridge},
+		{"ip", "link", "set", st.Bridge, "up"},
+	} {
+		if err := run(cmd...); err != nil {
+			return fail(err)
+		}
+	}
+	var serverIPs []string
+	for i := 0; i < opts.Servers+opts.Agents; i++ {
+		h := Host{Role: "server", Name: fmt.Sprintf("server-%d", i+1)}
+		if i >= opts.Servers {
+			h.Role, h.Name = "agent", fmt.Sprintf("agent-%d", i-opts.Servers+1)
+		}
+		h.Netns = fmt.Sprintf("skl-%s-%s", st.ID, h.Name)
+		h.IP = fmt.Sprintf("%s.%d", prefix, 10+i)
+		h.Veth = fmt.Sprintf("skl%s%d", st.ID, i)
+		h.Log = filepath.Join(dir, h.Name+".log")
+		h.Config = filepath.Join(dir, h.Name+".hcl")
+		if h.Role == "server" {
+			serverIPs = append(serverIPs, h.IP)
+		}
+		st.Hosts = append(st.Hosts, h)
+		if err := st.save(dir); err != nil {
+			return fail(err)
+		}
+		if err := makeHost(st, &h); err != nil {
+			return fail(fmt.Errorf("host %s: %w", h.Name, err))
+		}
+	}
+	for i := range st.Hosts {
+		h := &st.Hosts[i]
+		if err := os.WriteFile(h.Config, []byte(hostHCL(st, h, dir, serverIPs, opts)), 0o600); err != nil {
+			return fail(err)
+		}
+		if h.Role == "agent" && opts.AgentRuntime == "containerd" {
+			// No registry may be reachable: each agent imports this busybox at start.
+			if err := images.WriteOfflineBusybox(filepath.Join(dir, h.Name, "data", "images", "busybox.tar")); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	// Agents first: they must find the servers by retrying, whatever the order.
+	for _, role := range []string{"agent", "server"} {
+		for i := range st.Hosts {
+			if h := &st.Hosts[i]; h.Role == role {
+				if err := start(st, h); err != nil {
+					return fail(fmt.Errorf("starting %s: %w", h.Name, err))
+				}
+			}
+		}
+	}
+	if err := st.save(dir); err != nil {
+		return fail(err)
+	}
+	return st, nil
+}
+
+// freeSubnet picks a 10.x.y.0/24 that no interface on this machine uses.
+func freeSubnet() (string, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", err
+	}
+	for tries := 0; tries < 100; tries++ {
+		n, _ := rand.Int(rand.Reader, big.NewInt(250))
+		prefix := fmt.Sprintf("10.%d.%d", 200+n.Int64()%50, n.Int64())
+		_, subnet, _ := net.ParseCIDR(prefix + ".0/24")
+		used := false
+		for _, a := range addrs {
+			if ipn, ok := a.(*net.IPNet); ok && subnet.Contains(ipn.IP) {
+				used = true
+			}
+		}
+		if !used {
+			return prefix, nil
+		}
+	}
+	return "", errors.New("no free 10.x.y.0/24 for the local cluster")
+}
+
+// makeHost creates the host's namespace and wires it to the bridge.
+func makeHost(st *State, h *Host) error {
+	peer := "p" + h.Veth[1:]
+	for _, cmd := range [][]string{
+		{"ip", "netns", "add", h.Netns},
+		{"ip", "link", "add", h.Veth, "type", "veth", "peer", "name", peer},
+		{"ip", "link", "set", peer, "netns", h.Netns},
+		{"ip", "link", "set", h.Veth, "master", st.Bridge},
+		{"ip", "link", "set", h.Veth, "up"},
+		{"ip", "netns", "exec", h.Netns, "ip", "link", "set", peer, "name", "eth0"},
+		{"ip", "netns", "exec", h.Netns, "ip", "addr", "add", h.IP + "/24", "dev", "eth0"},
+		{"ip", "netns", "exec", h.Netns, "ip", "link", "set", "eth0", "up"},
+		{"ip", "netns", "exec", h.Netns, "ip", "link", "set", "lo", "up"},
+		{"ip", "netns", "exec", h.Netns, "ip", "route", "add", "default", "via", st.Gateway},
+		// Agents route pod traffic between their bridge and eth0.
+		{"ip", "netns", "exec", h.Netns, "sysctl", "-qw", "net.ipv4.ip_forward=1"},
+	} {
+		if err := run(cmd...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// hostHCL is a host's configuration file.
+func hostHCL(st *State, h *Host, dir string, serverIPs []string, opts Options) string {
+	quoted := func(ips []string) string {
+		var q []string
+		for _, ip := range ips {
+			q = append(q, fmt.Sprintf("%q", ip))
+		}
+		return strings.Join(q, ", ")
+	}
+	dataDir := filepath.Join(dir, h.Name, "data")
+	if h.Role == "server" {
+		return fmt.Sprintf(`# skiff local: server %s in network namespace %s
+name      = %q
+data_dir  = %q
+bind_addr = %q
+server {
+  bootstrap_expect = %d
+  retry_join       = [%s]
+  retry_interval   = "500ms"
+  token            = %q
+}
+`, h.Name, h.Netns, h.Name, dataDir, h.IP, len(serverIPs), quoted(serverIPs), st.Token)
+	}
+	return fmt.Sprintf(`# skiff local: agent %s in network namespace %s
+name      = %q
+data_dir  = %q
+bind_addr = %q
+agent {
+  retry_join     = [%s]
+  retry_interval = "1s"
+  token          = %q
+  runtime        = %q
+}
+`, h.Name, h.Netns, h.Name, dataDir, h.IP, quoted(serverIPs[:1]), st.Token, opts.AgentRuntime)
+}
+
+// start runs the host's process in its namespace, in a session of its own so it outlives `skiff local up`.
+func start(st *State, h *Host) error {
+	logFile, err := os.OpenFile(h.Log, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	argv := h.inNetns(st.Binary, h.Role, "-config", h.Config)
+	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	h.PID = cmd.Process.Pid
+	go func() { _ = cmd.Wait() }() // reaped if it dies while this process lives
+	return nil
+}
+
+// Start starts a stopped host again (after Kill, say).
+func (s *State) Start(dir, name string) error {
+	h, ok := s.Host(name)
+	if !ok {
+		return fmt.Errorf("no host %s", name)
+	}
+	if err := start(s, h); err != nil {
+		return err
+	}
+	return s.save(dir)
+}
+
+// Kill stops a host's process with SIGKILL (kill -9).
+func (s *State) Kill(name string) error {
+	h, ok := s.Host(name)
+	if !ok {
+		return fmt.Errorf("no host %s", name)
+	}
+	return signalAndWait(h.PID, syscall.SIGKILL, 5*time.Second)
+}
+
+// Stop stops a host's process with SIGTERM, then SIGKILL after timeout.
+func (s *State) Stop(name string, timeout time.Duration) error {
+	h, ok := s.Host(name)
+	if !ok {
+		return fmt.Errorf("no host %s", name)
+	}
+	if err := signalAndWait(h.PID, syscall.SIGTERM, timeout); err != nil {
+		return signalAndWait(h.PID, syscall.SIGKILL, 5*time.Second)
+	}
+	return nil
+}
+
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	// A zombie has exited; /proc still lists it until it is reaped.
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	return len(fields) > 0 && fields[0] != "Z"
+}
+
+func signalAndWait(pid int, sig syscall.Signal, timeout time.Duration) error {
+	if !alive(pid) {
+		return nil
+	}
+	_ = syscall.Kill(pid, sig)
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if !alive(pid) {
+			return nil
+		}
+	}
+	return fmt.Errorf("process %d still runs %v after %v", pid, timeout, sig)
+}
+
+// Partition cuts a host off from the given addresses (both ways), with iptables in the host's namespace.
+func (s *State) Partition(name string, from []string) error {
+	h, ok := s.Host(name)
+	if !ok {
+		return fmt.Errorf("no host %s", name)
+	}
+	for _, ip := range from {
+		if err := h.InNetns("iptables", "-I", "INPUT", "-s", ip, "-j", "DROP"); err != nil {
+			return err
+		}
+		if err := h.InNetns("iptables", "-I", "OUTPUT", "-d", ip, "-j", "DROP"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Heal removes a host's partition rules.
+func (s *State) Heal(name string, from []string) error {
+	h, ok := s.Host(name)
+	if !ok {
+		return fmt.Errorf("no host %s", name)
+	}
+	var errs []error
+	for _, ip := range from {
+		errs = append(errs, h.InNetns("iptables", "-D", "INPUT", "-s", ip, "-j", "DROP"),
+			h.InNetns("iptables", "-D", "OUTPUT", "-d", ip, "-j", "DROP"))
+	}
+	return errors.Join(errs...)
+}
+
+// Down stops every process, removes the agents' pods (containers, network namespaces, IPs), the namespaces,
+// the veths and the bridge, and then the directory. It does whatever it can and reports what failed.
+func Down(dir string) error {
+	st, err := Load(dir)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := range st.Hosts {
+		h := &st.Hosts[i]
+		if err := signalAndWait(h.PID, syscall.SIGTERM, 15*time.Second); err != nil {
+			errs = append(errs, signalAndWait(h.PID, syscall.SIGKILL, 5*time.Second))
+		}
+	}
+	for i := range st.Hosts {
+		h := &st.Hosts[i]
+		if h.Role == "agent" {
+			if _, err := os.Stat(h.Config); err == nil {
+				if err := h.InNetns(st.Binary, "agent", "-config", h.Config, "-teardown"); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+		if err := run("ip", "netns", "del", h.Netns); err != nil && !strings.Contains(err.Error(), "No such file") {
+			errs = append(errs, err)
+		}
+		// The namespace may outlive its name for a while (the kernel frees it when the last reference
+		// goes); deleting the host end of the veth removes the pair now.
+		if err := run("ip", "link", "del", h.Veth); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+			errs = append(errs, err)
+		}
+	}
+	if err := run("ip", "link", "del", st.Bridge); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}

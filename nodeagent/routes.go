@@ -1,0 +1,73 @@
+package nodeagent
+
+import (
+	"context"
+	"net"
+	"os/exec"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+)
+
+// syncPodRoutes routes every other Node's pod CIDR via that Node's InternalIP, as flannel's host-gw mode
+// does, so that pods on different nodes of one L2 network reach each other. It follows the Node objects:
+// a route appears when a Node registers and goes when it is deleted. Only routes it made are removed.
+func (a *Agent) syncPodRoutes(ctx context.Context) {
+	factory := informers.NewSharedInformerFactory(a.client, 0)
+	nodes := factory.Core().V1().Nodes()
+	kick := make(chan struct{}, 1)
+	notify := func(any) {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	nodes.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: notify, UpdateFunc: func(_, o any) { notify(o) }, DeleteFunc: notify})
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	if !cache.WaitForCacheSync(ctx.Done(), nodes.Informer().HasSynced) {
+		return
+	}
+	routed := map[string]string{} // pod CIDR → gateway, as programmed
+	for {
+		want := map[string]string{}
+		list, _ := nodes.Lister().List(labels.Everything())
+		for _, n := range list {
+			if a.nodes[n.Name] || n.Spec.PodCIDR == "" {
+				continue
+			}
+			for _, addr := range n.Status.Addresses {
+				if addr.Type == corev1.NodeInternalIP && addr.Address != a.cfg.AdvertiseAddr && net.ParseIP(addr.Address) != nil {
+					want[n.Spec.PodCIDR] = addr.Address
+				}
+			}
+		}
+		for cidr, via := range want {
+			if routed[cidr] == via {
+				continue
+			}
+			if out, err := exec.CommandContext(ctx, "ip", "route", "replace", cidr, "via", via).CombinedOutput(); err != nil {
+				a.logger.Warn("routing a node's pod CIDR", "cidr", cidr, "via", via, "error", strings.TrimSpace(string(out)))
+				continue
+			}
+			routed[cidr] = via
+			a.logger.Info("routing pod CIDR", "cidr", cidr, "via", via)
+		}
+		for cidr, via := range routed {
+			if want[cidr] == "" {
+				_ = exec.CommandContext(ctx, "ip", "route", "del", cidr, "via", via).Run()
+				delete(routed, cidr)
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-kick:
+		case <-time.After(time.Minute): // routes someone else removed come back
+		}
+	}
+}
