@@ -4,7 +4,7 @@ BIN       := bin/skiff
 PKGS      := ./...
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all setup build lint test unit e2e smoke bench chaos dev clean
+.PHONY: all setup build lint test unit e2e smoke bench chaos dev up down clean
 
 all: build
 
@@ -50,6 +50,14 @@ chaos: setup build
 	$(GO) test -race -count=1 -run 'TestChaos' -timeout 30m ./raftnode/ -args -chaos.rounds=60
 	$(GO) test -count=1 -run 'TestBootstrapRandomStartOrders' -timeout 30m ./server/ -args -bootstrap.trials=40
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=5 -timeout 30m ./e2e/...
+
+# A local HA cluster: three servers and two node agents, each in its own network namespace on this machine.
+# `make down` removes it (processes, pods, namespaces, the bridge) and its .skiff directory.
+up: setup build
+	$(BIN) local up --servers 3 --agents 2 --dir .skiff
+
+down:
+	$(BIN) local down --dir .skiff
 
 # A single-server cluster in the foreground (Ctrl-C stops it and removes its temporary data).
 dev: setup build
