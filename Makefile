@@ -24,7 +24,7 @@ lint:
 # built binary, and a short smoke of the chaos and benchmark suites.
 test: setup build lint
 	$(GO) test -race -count=1 -timeout 15m ./fsm/... ./raftnode/... ./config/... ./gossip/... ./server/... ./apiserver/... ./scheduler/... ./controller/... ./nodeagent/... ./internal/...
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 10m ./e2e/...
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./e2e/...
 	$(MAKE) --no-print-directory smoke
 
 smoke:
@@ -34,6 +34,8 @@ smoke:
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Scheduler' -benchtime 1x -timeout 10m ./bench/ -args -sched.nodes=200 -sched.pods=300 -sched.affinity-pods=100
 	$(GO) test -count=1 -run '^$$' -bench 'CacheMemory' -benchtime 1x -timeout 10m ./scheduler/ -args -mem.nodes=500 -mem.pods=5000
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'PodStartup' -benchtime 1x -timeout 10m ./bench/ -args -startup.pods=5
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NodeDetection' -benchtime 1x -timeout 10m ./bench/ -args -detect.trials=2 -detect.nodes=50
+	$(GO) test -count=1 -run '^$$' -bench 'GossipConvergence' -benchtime 2x -timeout 10m ./gossip/ -args -gossip.members=10
 
 # Full benchmarks; docs/BENCHMARKS.md records their figures and these commands.
 bench: setup build
@@ -44,6 +46,8 @@ bench: setup build
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Scheduler' -benchtime 1x -timeout 30m ./bench/
 	$(GO) test -count=1 -run '^$$' -bench 'CacheMemory|Decide' -timeout 30m ./scheduler/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'PodStartup' -benchtime 1x -timeout 30m ./bench/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NodeDetection' -benchtime 1x -timeout 30m ./bench/
+	$(GO) test -count=1 -run '^$$' -bench 'GossipConvergence' -benchtime 10x -timeout 30m ./gossip/
 
 # Longer fault suites: many chaos rounds and many randomized bootstrap start orders.
 chaos: setup build

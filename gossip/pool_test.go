@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	for {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

@@ -230,6 +230,14 @@ func (c *Cluster) Stop(p *Proc) error {
 // Kubeconfig is the admin kubeconfig the server writes.
 func (p *Proc) Kubeconfig() string { return filepath.Join(p.Dir, "admin.kubeconfig") }
 
+// PID is the server process's PID (0 when it is not running), for CPU and memory readings.
+func (p *Proc) PID() int {
+	if p.cmd == nil || p.cmd.Process == nil {
+		return 0
+	}
+	return p.cmd.Process.Pid
+}
+
 // Operator runs `skiff operator ARGS` against p's kubeconfig.
 func (c *Cluster) Operator(p *Proc, args ...string) (string, error) {
 	full := append([]string{"operator"}, args...)
