@@ -18,7 +18,8 @@ import (
 //   - a pod on one agent reaches a pod on the other (pod CIDRs routed host-gw style);
 //   - kill -9 an agent: Unknown with the unreachable taints; a pod tolerating that for 5 s is evicted; after
 //     a restart the Node is Ready and untainted;
-//   - partition an agent's host from the servers, then heal it: the same sequence;
+//   - partition an agent's host from the others, then heal it: the same sequence;
+//   - partition the leader's host from the agents: no eviction (the disruption guard's case);
 //   - kill -9 the Raft leader: the new leader marks no node unreachable;
 //   - `skiff local down` leaves no namespace, veth or bridge behind.
 func TestLocalHACluster(t *testing.T) {
@@ -134,21 +135,45 @@ spec:
 		t.Fatalf("client after the heal: %s", p.Status.Phase)
 	}
 
-	// kill -9 the Raft leader: nothing is marked unreachable by its successor.
-	leaderOut, err := exec.Command(bin, "operator", "raft", "list-peers", "-kubeconfig", st.Kubeconfig(dir)).CombinedOutput()
-	if err != nil {
-		t.Fatalf("list-peers: %v\n%s", err, leaderOut)
-	}
-	rows, err := proctest.ParsePeers(string(leaderOut))
-	if err != nil {
-		t.Fatal(err)
-	}
-	leader := ""
-	for _, r := range rows {
-		if r.State == "leader" {
-			leader = r.Name
+	// Partition the leader's host from every agent: the disruption guard holds (the agents are unreachable
+	// from the leader alone, and gossip's indirect probes through the other servers keep them alive, so
+	// nothing is marked lost and nothing is evicted).
+	leaderName := raftLeader(t, bin, st.Kubeconfig(dir))
+	var agentIPs []string
+	for _, h := range st.Hosts {
+		if h.Role == "agent" {
+			agentIPs = append(agentIPs, h.IP)
 		}
 	}
+	applyYAML(t, k, `apiVersion: v1
+kind: Pod
+metadata: {name: steady}
+spec:
+  nodeName: agent-2
+  tolerations:
+  - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 1}
+  containers: [{name: s, image: skiff.local/busybox:1, command: ["sleep", "3600"]}]
+`)
+	proctest.WaitFor(t, "steady Running", 60*time.Second, func() error {
+		if s := k.podStatusColumn("steady"); s != "Running" {
+			return fmt.Errorf("STATUS %s", s)
+		}
+		return nil
+	})
+	if err := st.Partition(leaderName, agentIPs); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(time.Second) {
+		if out, _ := k.run("get", "pod", "steady", "-o", "jsonpath={.metadata.deletionTimestamp}"); strings.TrimSpace(out) != "" {
+			t.Fatalf("steady was evicted while only the leader was cut off from the agents")
+		}
+	}
+	if err := st.Heal(leaderName, agentIPs); err != nil {
+		t.Fatal(err)
+	}
+
+	// kill -9 the Raft leader: nothing is marked unreachable by its successor.
+	leader := raftLeader(t, bin, st.Kubeconfig(dir))
 	if err := st.Kill(leader); err != nil {
 		t.Fatal(err)
 	}
@@ -167,6 +192,30 @@ spec:
 		}
 		time.Sleep(time.Second)
 	}
+}
+
+// raftLeader is the current Raft leader's name, from `skiff operator raft list-peers`.
+func raftLeader(t *testing.T, bin, kubeconfig string) string {
+	t.Helper()
+	var leader string
+	proctest.WaitFor(t, "a Raft leader", 30*time.Second, func() error {
+		out, err := exec.Command(bin, "operator", "raft", "list-peers", "-kubeconfig", kubeconfig).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		rows, err := proctest.ParsePeers(string(out))
+		if err != nil {
+			return err
+		}
+		for _, r := range rows {
+			if r.State == "leader" {
+				leader = r.Name
+				return nil
+			}
+		}
+		return fmt.Errorf("no leader:\n%s", out)
+	})
+	return leader
 }
 
 func tailString(s string, n int) string {

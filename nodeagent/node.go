@@ -127,7 +127,20 @@ func registerNode(ctx context.Context, client kubernetes.Interface, want nodeSpe
 		if node, err = nodes.Update(ctx, changed, metav1.UpdateOptions{}); err != nil {
 			return err
 		}
-		node.Status = want.status
+		// Ready belongs to the leader once the Node exists: it judges it by gossip (or the Lease). An agent
+		// coming back must not claim Ready before the leader has seen its member alive again.
+		status := *want.status.DeepCopy()
+		for i, c := range status.Conditions {
+			if c.Type != corev1.NodeReady {
+				continue
+			}
+			for _, have := range node.Status.Conditions {
+				if have.Type == corev1.NodeReady {
+					status.Conditions[i] = have
+				}
+			}
+		}
+		node.Status = status
 		node, err = nodes.UpdateStatus(ctx, node, metav1.UpdateOptions{})
 		return err
 	})

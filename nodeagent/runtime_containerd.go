@@ -683,11 +683,25 @@ func (r *containerdRuntime) Cleanup(ctx context.Context, keep func(uid types.UID
 		}
 		orphans[uid] = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid, Name: labels[labelPodName], Namespace: labels[labelPodNamespace]}}
 	}
+	// In parallel, sixteen at a time: each kill waits at least two seconds for its processes to stop.
+	var mu sync.Mutex
 	var errs []error
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, 16)
 	for _, pod := range orphans {
-		r.logger.Info("removing the containers of a pod that no longer exists", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID)
-		errs = append(errs, r.KillPod(ctx, pod, func() time.Duration { return 0 }))
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			r.logger.Info("removing the containers of a pod that no longer exists", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID)
+			if err := r.KillPod(ctx, pod, func() time.Duration { return 0 }); err != nil {
+				mu.Lock()
+				errs = append(errs, err)
+				mu.Unlock()
+			}
+		}()
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
 
