@@ -247,8 +247,10 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 		}
 	}
 	disrupted := tracked > 1 && unreachable*2 > tracked
+	restamp := false
 	if disrupted != l.disrupted {
 		l.disrupted = disrupted
+		restamp = !disrupted
 		if disrupted {
 			l.c.Logger.Warn("more than half of the nodes are unreachable at once: suspecting the control plane's own network, evictions stopped (full-disruption mode)",
 				"unreachable", unreachable, "tracked", tracked)
@@ -261,18 +263,34 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 		if !judged || h == healthUntracked {
 			continue
 		}
-		if err := l.setNodeHealth(ctx, node, h, now); err != nil && ctx.Err() == nil {
+		// Leaving full disruption, tolerations count afresh from now, as Kubernetes re-taints its nodes, rather
+		// than from before the disruption, which would evict everything at once.
+		if err := l.setNodeHealth(ctx, node, h, now, restamp && h == healthUnreachable); err != nil && ctx.Err() == nil {
 			l.c.Logger.Warn("updating node health", "node", node.Name, "error", err)
 		}
 		if h == healthUnreachable || h == healthShutdown {
-			l.handlePods(ctx, node, now, disrupted)
+			// No evictions in the pass that restamps: the node here still carries the old taint times.
+			l.handlePods(ctx, node, now, disrupted || restamp)
 		}
 	}
 	l.collectOrphans(ctx, nodes, now)
 }
 
+// restampNoExecute returns a copy of the node whose health NoExecute taints were added now.
+func restampNoExecute(node *corev1.Node, now time.Time) *corev1.Node {
+	out := node.DeepCopy()
+	for i, t := range out.Spec.Taints {
+		if t.Effect == corev1.TaintEffectNoExecute && (t.Key == taintUnreachable || t.Key == taintNotReady) {
+			added := metav1.NewTime(now)
+			out.Spec.Taints[i].TimeAdded = &added
+		}
+	}
+	return out
+}
+
 // setNodeHealth writes the Node's Ready condition and health taints when they differ from what h asks.
-func (l *lifecycle) setNodeHealth(ctx context.Context, node *corev1.Node, h nodeHealth, now time.Time) error {
+// restamp sets the health NoExecute taints' TimeAdded to now.
+func (l *lifecycle) setNodeHealth(ctx context.Context, node *corev1.Node, h nodeHealth, now time.Time, restamp bool) error {
 	want := wantReady(h)
 	var have *corev1.NodeCondition
 	for i := range node.Status.Conditions {
@@ -299,8 +317,11 @@ func (l *lifecycle) setNodeHealth(ctx context.Context, node *corev1.Node, h node
 		}
 		l.c.Logger.Info("node health changed", "node", node.Name, "ready", want.Status, "reason", want.Reason)
 	}
+	if restamp {
+		node = restampNoExecute(node, now)
+	}
 	taints, changed := withHealthTaints(node.Spec.Taints, wantTaintKey(h), now)
-	if !changed {
+	if !changed && !restamp {
 		return nil
 	}
 	updated := node.DeepCopy()

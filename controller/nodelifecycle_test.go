@@ -264,6 +264,8 @@ type lifecycleWorld struct {
 	pods    []*corev1.Pod
 	leases  []*coordinationv1.Lease
 	warmAt  time.Time
+	// disrupted starts the controller in full-disruption mode.
+	disrupted bool
 }
 
 func newLifecycleHarness(t *testing.T, w lifecycleWorld) *lifecycleHarness {
@@ -304,6 +306,7 @@ func newLifecycleHarness(t *testing.T, w lifecycleWorld) *lifecycleHarness {
 		warmAt:      w.warmAt,
 		orphanSince: map[string]time.Time{},
 	}
+	l.disrupted = w.disrupted
 	return &lifecycleHarness{kube: kube, l: l, recorder: rec}
 }
 
@@ -623,6 +626,29 @@ func TestReconcileLifecycle(t *testing.T) {
 				checkDeleted(t, h, map[string]*int64{"p-1": nil, "p-2": nil})
 				if h.l.disrupted {
 					t.Error("in full-disruption mode")
+				}
+			},
+		},
+		{
+			name: "leaving full disruption restamps the NoExecute taints and evicts nothing in that pass",
+			world: lifecycleWorld{
+				warmAt:    past,
+				disrupted: true,
+				members: []gossip.Member{
+					member("a-dead", gossip.StatusDead, "n-lost"),
+					member("a-alive", gossip.StatusAlive, "n-1", "n-2", "n-3"),
+				},
+				nodes: []*corev1.Node{
+					testNode("n-lost", unknown, unreachableTaints(now.Add(-time.Hour))...),
+					testNode("n-1", ready), testNode("n-2", ready), testNode("n-3", ready),
+				},
+				pods: []*corev1.Pod{testPod("p-300", "n-lost", for300)},
+			},
+			check: func(t *testing.T, h *lifecycleHarness) {
+				checkDeleted(t, h, nil)
+				checkNode(t, h, "n-lost", corev1.ConditionUnknown, "NodeStatusUnknown", unr(now))
+				if h.l.disrupted {
+					t.Error("still in full-disruption mode")
 				}
 			},
 		},
