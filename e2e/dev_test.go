@@ -20,7 +20,8 @@ func TestDevServerOperatorCommands(t *testing.T) {
 	bin := proctest.Binary(t)
 	dir := t.TempDir()
 	port := freeTCPPort(t)
-	cmd := exec.Command(bin, "dev", "-data-dir", dir, "-api-port", fmt.Sprint(port), "-log-level", "warn")
+	// No node agent: this test is about the operator commands (TestDevRunsAPod covers the agent).
+	cmd := exec.Command(bin, "dev", "-data-dir", dir, "-api-port", fmt.Sprint(port), "-log-level", "warn", "-runtime", "none")
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -840,11 +840,37 @@ func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error
 	if out, err := exec.CommandContext(ctx, "ip", "link", "del", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
 		errs = append(errs, fmt.Errorf("removing bridge %s: %v: %s", bridge, err, out))
 	}
+	// Mounts a killed containerd left behind under the data dir (its temporary unpack mounts, say).
+	errs = append(errs, unmountUnder(cfg.DataDir))
 	// The parent cgroups runc made for the containers' /skiff/<id> paths; rmdir removes only empty ones, so
 	// another agent's containers on this host are safe.
 	parents, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", containerdNamespace))
 	for _, dir := range append(parents, filepath.Join("/sys/fs/cgroup", containerdNamespace)) {
 		_ = unix.Rmdir(dir)
+	}
+	return errors.Join(errs...)
+}
+
+// unmountUnder lazily unmounts every mount point under dir, deepest first.
+func unmountUnder(dir string) error {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return err
+	}
+	dir = filepath.Clean(dir) + "/"
+	var points []string
+	for _, line := range strings.Split(string(data), "\n") {
+		fields := strings.Fields(line)
+		if len(fields) > 4 && strings.HasPrefix(fields[4]+"/", dir) {
+			points = append(points, fields[4])
+		}
+	}
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	var errs []error
+	for _, p := range points {
+		if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			errs = append(errs, fmt.Errorf("unmounting %s: %w", p, err))
+		}
 	}
 	return errors.Join(errs...)
 }
