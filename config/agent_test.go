@@ -67,6 +67,10 @@ func TestAgentErrorsNameFileLineAndKey(t *testing.T) {
 		{"bad pod_cidr", base + "  pod_cidr = \"10.0.0.0\"\n}\n", ":6: agent.pod_cidr: \"10.0.0.0\" is not a CIDR"},
 		{"no token", "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n}\n", "agent.token: is required"},
 		{"no servers", "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  token = \"t\"\n}\n", "agent.servers: lists no server"},
+		{"bad encrypt key", "encrypt = \"not-base64!\"\n" + base + "}\n", ":1: encrypt: must be a base64 key of 16, 24 or 32 bytes"},
+		{"short encrypt key", "encrypt = \"c2hvcnQ=\"\n" + base + "}\n", ":1: encrypt: must be a base64 key"},
+		{"negative retry_max", base + "  retry_max = -1\n}\n", ":6: agent.retry_max: must be 0 (forever) or more"},
+		{"bad retry_join", base + "  retry_join = [\"host:notaport\"]\n}\n", ":6: agent.retry_join: entry 0"},
 		{"bad name", "name = \"Node_1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n  token = \"t\"\n}\n", ":1: name: \"Node_1\" is not a valid node name"},
 	}
 	for _, tc := range cases {
@@ -84,5 +88,28 @@ func TestAgentErrorsNameFileLineAndKey(t *testing.T) {
 				t.Fatalf("error %q does not contain %q", err, want)
 			}
 		})
+	}
+}
+
+// An agent that joins by gossip needs no servers: it learns them from the pool.
+func TestAgentGossipJoin(t *testing.T) {
+	a, err := LoadAgent(writeFile(t, `
+name     = "node-1"
+data_dir = "/var/lib/skiff/node-1"
+encrypt  = "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY="
+ports { gossip = 7950 }
+agent {
+  retry_join     = ["10.0.0.1", "10.0.0.2:7000"]
+  retry_interval = "3s"
+  retry_max      = 5
+  token          = "abcdefabcdefabcdef"
+}
+`), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(a.RetryJoin, ",") != "10.0.0.1:7950,10.0.0.2:7000" || a.RetryInterval.String() != "3s" || a.RetryMax != 5 ||
+		a.GossipPort != 7950 || a.Encrypt == "" || len(a.Servers) != 0 {
+		t.Fatalf("resolved %+v", a)
 	}
 }

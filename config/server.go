@@ -290,7 +290,10 @@ func validLogLevel(l string) bool {
 
 // withDefaultPort accepts "host" or "host:port".
 func withDefaultPort(addr string, port int) (string, error) {
-	if _, _, err := net.SplitHostPort(addr); err == nil {
+	if host, p, err := net.SplitHostPort(addr); err == nil {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 || host == "" {
+			return "", fmt.Errorf("%q is not host or host:port (port 1-65535)", addr)
+		}
 		return addr, nil
 	}
 	if strings.Contains(addr, ":") && net.ParseIP(addr) == nil {
