@@ -19,24 +19,8 @@ import (
 func TestDevServerOperatorCommands(t *testing.T) {
 	bin := proctest.Binary(t)
 	dir := t.TempDir()
-	port := freeTCPPort(t)
 	// No node agent: this test is about the operator commands (TestDevRunsAPod covers the agent).
-	cmd := exec.Command(bin, "dev", "-data-dir", dir, "-api-port", fmt.Sprint(port), "-log-level", "warn", "-runtime", "none")
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-exited
-		if t.Failed() {
-			t.Logf("skiff dev output:\n%s", logs.String())
-		}
-	})
+	cmd, exited := startDev(t, bin, dir, "-runtime", "none")
 	kubeconfig := filepath.Join(dir, "admin.kubeconfig")
 	run := func(args ...string) (string, error) {
 		c := exec.Command(bin, args...)
@@ -93,6 +77,30 @@ func TestDevServerOperatorCommands(t *testing.T) {
 	}
 }
 
+// startDev runs `skiff dev` on dir (with extra flags) on a free port, in its own process group. At cleanup the
+// group is killed and, on failure, the output logged. exited receives the process's exit.
+func startDev(t *testing.T, bin, dir string, extra ...string) (cmd *exec.Cmd, exited chan error) {
+	t.Helper()
+	args := append([]string{"dev", "-data-dir", dir, "-api-port", fmt.Sprint(freeTCPPort(t)), "-log-level", "warn"}, extra...)
+	cmd = exec.Command(bin, args...)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited = make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-exited
+		if t.Failed() {
+			t.Logf("skiff dev output:\n%s", logs.String())
+		}
+	})
+	return cmd, exited
+}
+
 // freeTCPPort finds a port whose next two ports are free too (dev uses api, api+1, api+2; gossip needs UDP).
 func freeTCPPort(t *testing.T) int {
 	for {
@@ -116,28 +124,15 @@ func TestDevRunsAPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := freeTCPPort(t)
-	cmd := exec.Command(bin, "dev", "-data-dir", dir, "-api-port", fmt.Sprint(port), "-log-level", "warn")
-	var logs bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &logs, &logs
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
+	// Registered first, so it runs after startDev's cleanup has killed the process: the dev node's pods outlive
+	// the process when the data dir is given; remove them and the dir.
 	t.Cleanup(func() {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		<-exited
-		if t.Failed() {
-			t.Logf("skiff dev output:\n%s", logs.String())
-		}
-		// The dev node's pods outlive the process when the data dir is given; remove them and the dir.
 		if out, err := exec.Command(bin, "agent", "-name", "dev", "-data-dir", filepath.Join(dir, "agent"), "-teardown").CombinedOutput(); err != nil {
 			t.Errorf("teardown: %v\n%s", err, out)
 		}
 		os.RemoveAll(dir)
 	})
+	startDev(t, bin, dir)
 	k := kubectl{t: t, kubeconfig: filepath.Join(dir, "admin.kubeconfig")}
 	proctest.WaitFor(t, "the dev node Ready", 60*time.Second, func() error {
 		if out, err := k.run("get", "node", "dev", "--no-headers"); err != nil || !strings.Contains(out, " Ready ") {
