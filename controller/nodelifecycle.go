@@ -22,6 +22,7 @@ import (
 type Members interface {
 	Members() []gossip.Member
 	SuspicionTimeout() time.Duration
+	Subscribe() (<-chan gossip.Event, func())
 }
 
 // NodeLifecycleConfig tunes the node lifecycle controller (server HCL keys in parentheses).
@@ -192,6 +193,10 @@ func runNodeLifecycle(ctx context.Context, c *Clients) {
 	}
 	l := &lifecycle{c: c, cfg: cfg, nodes: nodes.Lister(), podIndex: pods.Informer().GetIndexer(), leases: leases.Lister(),
 		warmAt: time.Now().Add(c.Members.SuspicionTimeout() + time.Second), orphanSince: map[string]time.Time{}}
+	// Member changes trigger a pass at once (after a short pause that gathers a burst of them), so detection
+	// is not held back by the tick; the tick catches Leases, tolerations running out and anything missed.
+	events, unsubscribe := c.Members.Subscribe()
+	defer func() { unsubscribe() }()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	for {
@@ -200,9 +205,32 @@ func runNodeLifecycle(ctx context.Context, c *Clients) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		case _, open := <-events:
+			if !open { // cut off for falling behind: resubscribe; this pass rereads the whole pool anyway
+				events, unsubscribe = c.Members.Subscribe()
+			}
+			time.Sleep(memberEventBatch)
+			drain(events)
 		}
 	}
 }
+
+// drain empties the channel without blocking.
+func drain(events <-chan gossip.Event) {
+	for {
+		select {
+		case _, open := <-events:
+			if !open {
+				return
+			}
+		default:
+			return
+		}
+	}
+}
+
+// memberEventBatch is how long a member change waits for others before the pass it triggers.
+const memberEventBatch = 50 * time.Millisecond
 
 type lifecycle struct {
 	c           *Clients

@@ -212,8 +212,9 @@ func TestEvictAt(t *testing.T) {
 
 type fakeMembers struct{ members []gossip.Member }
 
-func (f *fakeMembers) Members() []gossip.Member        { return f.members }
-func (f *fakeMembers) SuspicionTimeout() time.Duration { return 5 * time.Second }
+func (f *fakeMembers) Members() []gossip.Member                 { return f.members }
+func (f *fakeMembers) SuspicionTimeout() time.Duration          { return 5 * time.Second }
+func (f *fakeMembers) Subscribe() (<-chan gossip.Event, func()) { return nil, func() {} }
 
 var _ Members = (*fakeMembers)(nil)
 

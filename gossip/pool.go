@@ -136,6 +136,11 @@ func New(cfg Config) (*Pool, error) {
 	if cfg.Local {
 		mc = memberlist.DefaultLocalConfig()
 	}
+	// A suspect member has SuspicionMult × max(1, log10 N) probe intervals to refute before it is declared dead:
+	// 2 s up to 10 members, 4 s at 100. memberlist's 4 (with up to 6× that while it waits for independent
+	// confirmations) puts a failed node's detection past 5 s; at 2 there is no confirmation wait
+	// (SuspicionMult - 2 = 0 confirmations), so a kill -9 is seen in probe time plus 2 s.
+	mc.SuspicionMult = 2
 	mc.Name = cfg.Name
 	mc.BindAddr = cfg.BindAddr
 	mc.BindPort = cfg.BindPort
