@@ -46,6 +46,14 @@ func TestErrorStatuses(t *testing.T) {
 	if code, _, raw := do("POST", "/api/v1/namespaces/default/configmaps", "application/json", cm); code != http.StatusCreated {
 		t.Fatalf("setup create: %d %s", code, raw)
 	}
+	rs := func(name, spec string) string {
+		return `{"apiVersion":"apps/v1","kind":"ReplicaSet","metadata":{"name":"` + name + `"},"spec":` + spec + `}`
+	}
+	const rsPath = "/apis/apps/v1/namespaces/default/replicasets"
+	const goodRS = `{"selector":{"matchLabels":{"a":"b"}},"template":{"metadata":{"labels":{"a":"b"}},"spec":{"containers":[{"name":"c","image":"i"}]}}}`
+	if code, _, raw := do("POST", rsPath, "application/json", rs("rs", goodRS)); code != http.StatusCreated {
+		t.Fatalf("setup create: %d %s", code, raw)
+	}
 	cases := []struct {
 		name                      string
 		method, path, ctype, body string
@@ -66,6 +74,21 @@ func TestErrorStatuses(t *testing.T) {
 			`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"Not_Valid"}}`, 422, metav1.StatusReasonInvalid, "metadata.name"},
 		{"unknown field, strict", "POST", "/api/v1/namespaces/default/configmaps?fieldValidation=Strict", "application/json",
 			`{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"strict"},"colour":"blue"}`, 400, metav1.StatusReasonBadRequest, ""},
+		{"replicaset selector not matching its template", "POST", rsPath, "application/json",
+			rs("rs-sel", `{"selector":{"matchLabels":{"a":"x"}},"template":{"metadata":{"labels":{"a":"b"}},"spec":{"containers":[{"name":"c","image":"i"}]}}}`),
+			422, metav1.StatusReasonInvalid, "spec.template.metadata.labels"},
+		{"replicaset without a selector", "POST", rsPath, "application/json",
+			rs("rs-nosel", `{"template":{"metadata":{"labels":{"a":"b"}},"spec":{"containers":[{"name":"c","image":"i"}]}}}`), 422, metav1.StatusReasonInvalid, "spec.selector"},
+		{"replicaset with negative replicas", "POST", rsPath, "application/json",
+			rs("rs-neg", `{"replicas":-1,"selector":{"matchLabels":{"a":"b"}},"template":{"metadata":{"labels":{"a":"b"}},"spec":{"containers":[{"name":"c","image":"i"}]}}}`),
+			422, metav1.StatusReasonInvalid, "spec.replicas"},
+		{"replicaset whose pods do not restart", "POST", rsPath, "application/json",
+			rs("rs-never", `{"selector":{"matchLabels":{"a":"b"}},"template":{"metadata":{"labels":{"a":"b"}},"spec":{"restartPolicy":"Never","containers":[{"name":"c","image":"i"}]}}}`),
+			422, metav1.StatusReasonInvalid, "spec.template.spec.restartPolicy"},
+		{"replicaset template without containers", "POST", rsPath, "application/json",
+			rs("rs-empty", `{"selector":{"matchLabels":{"a":"b"}},"template":{"metadata":{"labels":{"a":"b"}}}}`), 422, metav1.StatusReasonInvalid, "spec.template.spec.containers"},
+		{"replicaset selector changed", "PATCH", rsPath + "/rs", "application/merge-patch+json",
+			`{"spec":{"selector":{"matchLabels":{"a":"c"}},"template":{"metadata":{"labels":{"a":"c"}}}}}`, 422, metav1.StatusReasonInvalid, "spec.selector"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

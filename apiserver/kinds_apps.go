@@ -5,6 +5,8 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -50,20 +52,55 @@ func defaultReplicaSet(o runtime.Object) {
 }
 
 // validateDeployment checks what the controllers depend on: a selector that matches the template's labels,
-// and non-negative replicas. The template's pod spec is validated as a pod.
+// non-negative counts, and a template that is a valid pod that restarts always.
 func validateDeployment(o runtime.Object) field.ErrorList {
 	d := o.(*appsv1.Deployment)
+	return validateWorkload(d.Spec.Replicas, d.Spec.MinReadySeconds, d.Spec.Selector, &d.Spec.Template)
+}
+
+// validateReplicaSet is validateDeployment's rule for ReplicaSets.
+func validateReplicaSet(o runtime.Object) field.ErrorList {
+	rs := o.(*appsv1.ReplicaSet)
+	return validateWorkload(rs.Spec.Replicas, rs.Spec.MinReadySeconds, rs.Spec.Selector, &rs.Spec.Template)
+}
+
+// validateWorkload is the rule apps/v1 has for the kinds that keep a number of pods from a template.
+func validateWorkload(replicas *int32, minReadySeconds int32, selector *metav1.LabelSelector, template *corev1.PodTemplateSpec) field.ErrorList {
 	spec := field.NewPath("spec")
 	var errs field.ErrorList
-	if d.Spec.Replicas != nil && *d.Spec.Replicas < 0 {
-		errs = append(errs, field.Invalid(spec.Child("replicas"), *d.Spec.Replicas, "must be greater than or equal to 0"))
+	if replicas != nil && *replicas < 0 {
+		errs = append(errs, field.Invalid(spec.Child("replicas"), *replicas, "must be greater than or equal to 0"))
 	}
-	errs = append(errs, validateSelectorMatchesTemplate(d.Spec.Selector, d.Spec.Template.Labels, spec)...)
-	for _, e := range validatePod(podFromTemplate(&d.Spec.Template)) {
+	if minReadySeconds < 0 {
+		errs = append(errs, field.Invalid(spec.Child("minReadySeconds"), minReadySeconds, "must be greater than or equal to 0"))
+	}
+	errs = append(errs, validateSelectorMatchesTemplate(selector, template.Labels, spec)...)
+	if policy := template.Spec.RestartPolicy; policy != corev1.RestartPolicyAlways {
+		errs = append(errs, field.NotSupported(spec.Child("template", "spec", "restartPolicy"), policy, []corev1.RestartPolicy{corev1.RestartPolicyAlways}))
+	}
+	for _, e := range validatePod(podFromTemplate(template)) {
 		e.Field = "spec.template." + e.Field
 		errs = append(errs, e)
 	}
 	return errs
+}
+
+// validateSelectorUnchanged is apps/v1's rule that a workload's selector is immutable: pods already made
+// would silently change owner.
+func validateSelectorUnchanged(o, old runtime.Object) field.ErrorList {
+	selector := func(o runtime.Object) *metav1.LabelSelector {
+		switch w := o.(type) {
+		case *appsv1.Deployment:
+			return w.Spec.Selector
+		case *appsv1.ReplicaSet:
+			return w.Spec.Selector
+		}
+		return nil
+	}
+	if now := selector(o); !apiequality.Semantic.DeepEqual(now, selector(old)) {
+		return field.ErrorList{field.Invalid(field.NewPath("spec", "selector"), now, "field is immutable")}
+	}
+	return nil
 }
 
 func validateSelectorMatchesTemplate(sel *metav1.LabelSelector, templateLabels map[string]string, spec *field.Path) field.ErrorList {

@@ -106,10 +106,10 @@ var kinds = []*kind{
 
 	// apps/v1
 	{gv: appsv1.SchemeGroupVersion, resource: "deployments", singular: "deployment", namespaced: true, newFunc: obj[appsv1.Deployment](), newListFunc: obj[appsv1.DeploymentList](),
-		shortNames: []string{"deploy"}, categories: []string{"all"}, hasStatus: true, defaults: defaultDeployment, validate: validateDeployment, columns: deploymentColumns,
+		shortNames: []string{"deploy"}, categories: []string{"all"}, hasStatus: true, defaults: defaultDeployment, validate: validateDeployment, validateUpdate: validateSelectorUnchanged, columns: deploymentColumns,
 		subresources: scaleSubresource(deploymentScale)},
 	{gv: appsv1.SchemeGroupVersion, resource: "replicasets", singular: "replicaset", namespaced: true, newFunc: obj[appsv1.ReplicaSet](), newListFunc: obj[appsv1.ReplicaSetList](),
-		shortNames: []string{"rs"}, categories: []string{"all"}, hasStatus: true, defaults: defaultReplicaSet, columns: replicaSetColumns,
+		shortNames: []string{"rs"}, categories: []string{"all"}, hasStatus: true, defaults: defaultReplicaSet, validate: validateReplicaSet, validateUpdate: validateSelectorUnchanged, columns: replicaSetColumns,
 		subresources: scaleSubresource(replicaSetScale)},
 	{gv: appsv1.SchemeGroupVersion, resource: "statefulsets", singular: "statefulset", namespaced: true, newFunc: obj[appsv1.StatefulSet](), newListFunc: obj[appsv1.StatefulSetList](),
 		shortNames: []string{"sts"}, categories: []string{"all"}, hasStatus: true, subresources: scaleSubresource(statefulSetScale)},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/api/meta"
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -41,6 +42,11 @@ func (s strategy) PrepareForCreate(ctx context.Context, obj runtime.Object) {
 	if s.k.prepareCreate != nil {
 		s.k.prepareCreate(obj)
 	}
+	if hasSpec(obj) {
+		if m, err := meta.Accessor(obj); err == nil {
+			m.SetGeneration(1)
+		}
+	}
 }
 
 func (s strategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object) {
@@ -53,6 +59,32 @@ func (s strategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object)
 	if s.k.prepareUpdate != nil {
 		s.k.prepareUpdate(obj, old)
 	}
+	// metadata.generation counts changes of the desired state, so controllers can report in
+	// status.observedGeneration which one they have acted on.
+	if hasSpec(obj) {
+		newMeta, err1 := meta.Accessor(obj)
+		oldMeta, err2 := meta.Accessor(old)
+		if err1 == nil && err2 == nil {
+			generation := oldMeta.GetGeneration()
+			if !apiequality.Semantic.DeepEqual(specOf(obj), specOf(old)) {
+				generation++
+			}
+			newMeta.SetGeneration(generation)
+		}
+	}
+}
+
+// specOf is the object's Spec field, or nil when it has none.
+func specOf(obj runtime.Object) any {
+	v := reflect.ValueOf(obj).Elem().FieldByName("Spec")
+	if !v.IsValid() {
+		return nil
+	}
+	return v.Interface()
+}
+
+func hasSpec(obj runtime.Object) bool {
+	return reflect.ValueOf(obj).Elem().FieldByName("Spec").IsValid()
 }
 
 func (s strategy) Validate(ctx context.Context, obj runtime.Object) field.ErrorList {

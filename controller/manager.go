@@ -63,6 +63,7 @@ var controllers = []struct {
 	{"garbage-collector", runGarbageCollector},
 	{"serviceaccount", runServiceAccountController},
 	{"node-lifecycle", runNodeLifecycle},
+	{"replicaset", runReplicaSetController},
 }
 
 // Run runs every controller until ctx ends (the leader lost its leadership).

@@ -1,0 +1,743 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	appslisters "k8s.io/client-go/listers/apps/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+)
+
+const (
+	// replicaSetWorkers sync different ReplicaSets in parallel; the queue never hands one key to two.
+	replicaSetWorkers = 5
+	// burstReplicas caps the pods one sync creates or deletes, so a ReplicaSet scaled to 10,000 cannot
+	// monopolise the API; the next sync continues once the informer has seen these.
+	burstReplicas = 500
+	// podDeletionCostAnnotation lets users say which pods to remove first on scale-down (lower goes first).
+	podDeletionCostAnnotation = "controller.kubernetes.io/pod-deletion-cost"
+	// statusUpdateRetries is how many times a status write is retried, after re-reading the ReplicaSet,
+	// before the sync fails and the key goes back to the queue with back-off.
+	statusUpdateRetries = 1
+)
+
+// replicaSetKind is what the controller writes in the ownerReferences of its pods.
+var replicaSetKind = appsv1.SchemeGroupVersion.WithKind("ReplicaSet")
+
+// replicaSetController keeps spec.replicas pods running for every ReplicaSet.
+type replicaSetController struct {
+	kube         kubernetes.Interface
+	replicaSets  appslisters.ReplicaSetLister
+	pods         corelisters.PodLister
+	queue        workqueue.TypedRateLimitingInterface[string]
+	expectations *expectations
+	recorder     record.EventRecorder
+	logger       hclog.Logger
+}
+
+// runReplicaSetController reconciles ReplicaSets as Kubernetes' ReplicaSet controller does. Informer events
+// for ReplicaSets and their pods queue the ReplicaSet's key; replicaSetWorkers workers take keys from the
+// queue (never one key to two workers at once), and each sync goes:
+//  1. a ReplicaSet that is gone: forget what was expected of it (the garbage collector removes its pods);
+//  2. claim pods: release owned pods the selector no longer matches, adopt matching orphans;
+//  3. unless the informer has yet to report the creates and deletes of the last sync (expectations), or the
+//     ReplicaSet is being deleted: create missing pods from the template in slow-start batches, or delete
+//     the surplus, the pods least worth keeping first;
+//  4. write the status (replicas, ready, available, ReplicaFailure) when it changed, and look again when a
+//     ready pod will have been ready for minReadySeconds.
+func runReplicaSetController(ctx context.Context, c *Clients) {
+	replicaSets := c.Informers.Apps().V1().ReplicaSets()
+	pods := c.Informers.Core().V1().Pods()
+	recorder := c.Recorder
+	if c.broadcaster != nil {
+		recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "replicaset-controller"})
+	}
+	r := &replicaSetController{
+		kube:         c.Kube,
+		replicaSets:  replicaSets.Lister(),
+		pods:         pods.Lister(),
+		queue:        workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		expectations: newExpectations(),
+		recorder:     recorder,
+		logger:       c.Logger.Named("replicaset"),
+	}
+	defer r.queue.ShutDown()
+	replicaSets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { r.enqueue(obj.(*appsv1.ReplicaSet)) },
+		UpdateFunc: r.replicaSetUpdated,
+		DeleteFunc: r.replicaSetDeleted,
+	})
+	pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    r.podAdded,
+		UpdateFunc: r.podUpdated,
+		DeleteFunc: r.podDeleted,
+	})
+	go func() {
+		<-ctx.Done()
+		r.queue.ShutDown()
+	}()
+	c.Informers.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), replicaSets.Informer().HasSynced, pods.Informer().HasSynced) {
+		return
+	}
+	var workers sync.WaitGroup
+	for range replicaSetWorkers {
+		workers.Go(func() {
+			for r.processNext(ctx) {
+			}
+		})
+	}
+	workers.Wait()
+}
+
+// processNext syncs one key from the queue; it returns false once the queue is shut down.
+func (r *replicaSetController) processNext(ctx context.Context) bool {
+	key, quit := r.queue.Get()
+	if quit {
+		return false
+	}
+	defer r.queue.Done(key)
+	recheckIn, err := r.sync(ctx, key)
+	if err != nil && ctx.Err() == nil {
+		r.logger.Warn("syncing replicaset, retrying", "replicaset", key, "error", err)
+		r.queue.AddRateLimited(key)
+		return true
+	}
+	r.queue.Forget(key)
+	if recheckIn > 0 {
+		r.queue.AddAfter(key, recheckIn)
+	}
+	return true
+}
+
+func (r *replicaSetController) enqueue(rs *appsv1.ReplicaSet) { r.queue.Add(replicaSetKey(rs)) }
+
+// Event handlers. Their job is to queue the right ReplicaSets and to count the pod adds and deletes that
+// expectations wait for.
+
+func (r *replicaSetController) replicaSetUpdated(oldObj, newObj any) {
+	old, cur := oldObj.(*appsv1.ReplicaSet), newObj.(*appsv1.ReplicaSet)
+	if old.UID != cur.UID {
+		// Deleted and recreated under the same name between two events: what was expected of the old one
+		// must not hold the new one back.
+		key, err := cache.MetaNamespaceKeyFunc(old)
+		if err == nil {
+			r.replicaSetDeleted(cache.DeletedFinalStateUnknown{Key: key, Obj: old})
+		}
+	}
+	r.enqueue(cur)
+}
+
+func (r *replicaSetController) replicaSetDeleted(obj any) {
+	key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return
+	}
+	r.expectations.forget(key)
+	r.queue.Add(key)
+}
+
+func (r *replicaSetController) podAdded(obj any) {
+	pod := obj.(*corev1.Pod)
+	if pod.DeletionTimestamp != nil {
+		// Seen for the first time already terminating (the informer relisted): for the owner it is gone.
+		r.podDeleted(pod)
+		return
+	}
+	if ref := metav1.GetControllerOf(pod); ref != nil {
+		rs := r.owner(pod.Namespace, ref)
+		if rs == nil {
+			return
+		}
+		r.expectations.creationObserved(replicaSetKey(rs))
+		r.enqueue(rs)
+		return
+	}
+	// An orphan: every ReplicaSet that selects it may adopt it.
+	for _, rs := range r.selecting(pod) {
+		r.enqueue(rs)
+	}
+}
+
+func (r *replicaSetController) podUpdated(oldObj, newObj any) {
+	old, cur := oldObj.(*corev1.Pod), newObj.(*corev1.Pod)
+	if old.ResourceVersion == cur.ResourceVersion {
+		return // a resync: nothing changed
+	}
+	labelsChanged := !reflect.DeepEqual(old.Labels, cur.Labels)
+	if cur.DeletionTimestamp != nil {
+		// A graceful delete: the pod will go when its grace period ends, but it is no longer active, so its
+		// owner may replace it now rather than after the grace period.
+		r.podDeleted(cur)
+		if labelsChanged {
+			r.podDeleted(old)
+		}
+		return
+	}
+	oldRef, curRef := metav1.GetControllerOf(old), metav1.GetControllerOf(cur)
+	refChanged := !reflect.DeepEqual(oldRef, curRef)
+	if refChanged && oldRef != nil {
+		if rs := r.owner(old.Namespace, oldRef); rs != nil {
+			r.enqueue(rs) // it lost a pod
+		}
+	}
+	if curRef != nil {
+		if rs := r.owner(cur.Namespace, curRef); rs != nil {
+			r.enqueue(rs)
+		}
+		return
+	}
+	if labelsChanged || refChanged {
+		for _, rs := range r.selecting(cur) {
+			r.enqueue(rs)
+		}
+	}
+}
+
+func (r *replicaSetController) podDeleted(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		tomb, isTomb := obj.(cache.DeletedFinalStateUnknown)
+		if !isTomb {
+			return
+		}
+		if pod, ok = tomb.Obj.(*corev1.Pod); !ok {
+			return
+		}
+	}
+	ref := metav1.GetControllerOf(pod)
+	if ref == nil {
+		return // an orphan's delete changes no ReplicaSet
+	}
+	rs := r.owner(pod.Namespace, ref)
+	if rs == nil {
+		return
+	}
+	r.expectations.deletionObserved(replicaSetKey(rs), podKey(pod))
+	r.enqueue(rs)
+}
+
+// owner returns the cached ReplicaSet a controller reference names, or nil when it names another kind, or a
+// ReplicaSet that no longer exists or was recreated under the same name (another UID).
+func (r *replicaSetController) owner(namespace string, ref *metav1.OwnerReference) *appsv1.ReplicaSet {
+	if ref.Kind != replicaSetKind.Kind {
+		return nil
+	}
+	rs, err := r.replicaSets.ReplicaSets(namespace).Get(ref.Name)
+	if err != nil || rs.UID != ref.UID {
+		return nil
+	}
+	return rs
+}
+
+// selecting lists the ReplicaSets in the pod's namespace whose selector matches its labels.
+func (r *replicaSetController) selecting(pod *corev1.Pod) []*appsv1.ReplicaSet {
+	all, err := r.replicaSets.ReplicaSets(pod.Namespace).List(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	var out []*appsv1.ReplicaSet
+	for _, rs := range all {
+		selector, err := metav1.LabelSelectorAsSelector(rs.Spec.Selector)
+		if err != nil || selector.Empty() {
+			continue // an empty selector would match every pod; Kubernetes never lets it adopt any
+		}
+		if selector.Matches(labels.Set(pod.Labels)) {
+			out = append(out, rs)
+		}
+	}
+	return out
+}
+
+func replicaSetKey(rs *appsv1.ReplicaSet) string { return rs.Namespace + "/" + rs.Name }
+
+func podKey(pod *corev1.Pod) string { return pod.Namespace + "/" + pod.Name }
+
+// sync reconciles one ReplicaSet (the steps are in runReplicaSetController's comment). It returns how soon
+// to look again when a pod is about to become available, or 0.
+func (r *replicaSetController) sync(ctx context.Context, key string) (time.Duration, error) {
+	namespace, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return 0, nil // not a key this controller made: nothing to retry
+	}
+	rs, err := r.replicaSets.ReplicaSets(namespace).Get(name)
+	if apierrors.IsNotFound(err) {
+		r.expectations.forget(key)
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	// Read before the pods are listed: read after, it could count informer events that came after the
+	// listing, and the sync would act on a listing that misses the pods they report.
+	mayManage := r.expectations.satisfied(key, time.Now())
+	selector, err := replicaSetSelector(rs)
+	if err != nil {
+		r.logger.Warn("replicaset not synced", "replicaset", key, "error", err)
+		return 0, nil // retrying cannot help; an update of the ReplicaSet queues it again
+	}
+	all, err := r.pods.Pods(namespace).List(labels.Everything())
+	if err != nil {
+		return 0, err
+	}
+	active, err := r.claimPods(ctx, rs, selector, activePods(all))
+	if err != nil {
+		return 0, err
+	}
+	terminating := ownedTerminatingPods(rs, selector, all)
+
+	var manageErr error
+	if mayManage && rs.DeletionTimestamp == nil {
+		manageErr = r.manageReplicas(ctx, rs, active)
+	}
+
+	now := time.Now()
+	status := replicaSetStatus(rs, active, terminating, manageErr, now)
+	updated, err := r.writeStatus(ctx, rs, status)
+	if err != nil {
+		return 0, err
+	}
+	if manageErr != nil {
+		return 0, manageErr
+	}
+	return untilNextAvailable(active, updated.Spec.MinReadySeconds, now), nil
+}
+
+// replicaSetSelector parses the selector, and refuses one that is empty or does not match the template's
+// labels. Kubernetes' API validation refuses such a ReplicaSet; acting on one would adopt every pod in the
+// namespace, or create pods that the ReplicaSet releases as soon as it sees them, without end.
+func replicaSetSelector(rs *appsv1.ReplicaSet) (labels.Selector, error) {
+	if rs.Spec.Selector == nil {
+		return nil, errors.New("spec.selector is required")
+	}
+	selector, err := metav1.LabelSelectorAsSelector(rs.Spec.Selector)
+	if err != nil {
+		return nil, fmt.Errorf("invalid spec.selector: %w", err)
+	}
+	if selector.Empty() {
+		return nil, errors.New("spec.selector is empty: it would select every pod")
+	}
+	if !selector.Matches(labels.Set(rs.Spec.Template.Labels)) {
+		return nil, errors.New("spec.selector does not match the template's labels")
+	}
+	return selector, nil
+}
+
+// activePods drops pods that have finished or are being deleted: they do not count towards replicas.
+func activePods(pods []*corev1.Pod) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, pod := range pods {
+		if isPodActive(pod) {
+			out = append(out, pod)
+		}
+	}
+	return out
+}
+
+func isPodActive(pod *corev1.Pod) bool {
+	return pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed && pod.DeletionTimestamp == nil
+}
+
+// ownedTerminatingPods are the ReplicaSet's pods that are being deleted but still run, for
+// status.terminatingReplicas.
+func ownedTerminatingPods(rs *appsv1.ReplicaSet, selector labels.Selector, pods []*corev1.Pod) []*corev1.Pod {
+	var out []*corev1.Pod
+	for _, pod := range pods {
+		if pod.DeletionTimestamp == nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if ref := metav1.GetControllerOfNoCopy(pod); ref != nil && ref.UID == rs.UID && selector.Matches(labels.Set(pod.Labels)) {
+			out = append(out, pod)
+		}
+	}
+	return out
+}
+
+// claimPods returns the pods that belong to the ReplicaSet, making ownership agree with the selector on the
+// way, as Kubernetes' ControllerRefManager does: an owned pod the selector no longer matches is released;
+// an orphan it matches is adopted. Pods another controller owns are left alone. A ReplicaSet being deleted
+// neither adopts nor releases: its pods are about to be collected.
+func (r *replicaSetController) claimPods(ctx context.Context, rs *appsv1.ReplicaSet, selector labels.Selector, pods []*corev1.Pod) ([]*corev1.Pod, error) {
+	adoptionChecked := false
+	var adoptionErr error
+	mayAdopt := func() error {
+		// The cache may not show yet that the ReplicaSet was deleted, or deleted and recreated; one live
+		// read before the first adoption keeps a dying ReplicaSet from taking pods it would then leave
+		// to the garbage collector.
+		if adoptionChecked {
+			return adoptionErr
+		}
+		adoptionChecked = true
+		fresh, err := r.kube.AppsV1().ReplicaSets(rs.Namespace).Get(ctx, rs.Name, metav1.GetOptions{})
+		switch {
+		case err != nil:
+			adoptionErr = err
+		case fresh.UID != rs.UID:
+			adoptionErr = fmt.Errorf("original ReplicaSet %s/%s is gone: got uid %s, wanted %s", rs.Namespace, rs.Name, fresh.UID, rs.UID)
+		case fresh.DeletionTimestamp != nil:
+			adoptionErr = fmt.Errorf("ReplicaSet %s/%s has just been deleted at %v", rs.Namespace, rs.Name, fresh.DeletionTimestamp)
+		}
+		return adoptionErr
+	}
+
+	var claimed []*corev1.Pod
+	var errs []error
+	for _, pod := range pods {
+		matches := selector.Matches(labels.Set(pod.Labels))
+		ref := metav1.GetControllerOfNoCopy(pod)
+		switch {
+		case ref != nil && ref.UID != rs.UID:
+			// another controller's
+		case ref != nil && matches:
+			claimed = append(claimed, pod)
+		case ref != nil:
+			if rs.DeletionTimestamp == nil {
+				if err := r.releasePod(ctx, rs, pod); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		case !matches || rs.DeletionTimestamp != nil || pod.DeletionTimestamp != nil:
+			// an orphan that is not ours to take
+		default:
+			if err := mayAdopt(); err != nil {
+				errs = append(errs, fmt.Errorf("can't adopt Pod %s/%s (%s): %w", pod.Namespace, pod.Name, pod.UID, err))
+				continue
+			}
+			if err := r.adoptPod(ctx, rs, pod); err != nil {
+				if !apierrors.IsNotFound(err) {
+					errs = append(errs, err)
+				}
+				continue
+			}
+			claimed = append(claimed, pod)
+		}
+	}
+	return claimed, utilerrors.NewAggregate(errs)
+}
+
+// adoptPod adds the ReplicaSet as the pod's controller. The patch carries the pod's UID, so it fails
+// rather than adopt a pod recreated under the same name; and the API refuses a second controller
+// reference, so two controllers cannot both adopt it.
+func (r *replicaSetController) adoptPod(ctx context.Context, rs *appsv1.ReplicaSet, pod *corev1.Pod) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":             pod.UID,
+		"ownerReferences": []metav1.OwnerReference{*metav1.NewControllerRef(rs, replicaSetKind)},
+	}})
+	if err != nil {
+		return err
+	}
+	_, err = r.kube.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
+
+// releasePod removes the ReplicaSet's reference from the pod (by owner UID, leaving any other owner).
+func (r *replicaSetController) releasePod(ctx context.Context, rs *appsv1.ReplicaSet, pod *corev1.Pod) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
+		"uid":             pod.UID,
+		"ownerReferences": []map[string]any{{"$patch": "delete", "uid": rs.UID}},
+	}})
+	if err != nil {
+		return err
+	}
+	_, err = r.kube.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	if apierrors.IsNotFound(err) || apierrors.IsInvalid(err) {
+		// Gone, or recreated under the same name (the UID in the patch no longer matches): either way it
+		// is not ours any more.
+		return nil
+	}
+	return err
+}
+
+// manageReplicas creates or deletes pods to bring the active ones to spec.replicas, at most burstReplicas
+// at a time, and raises expectations first so that no sync acts again before the informer has seen the
+// result: acting on a cache that lags would create (or delete) the same pods twice.
+func (r *replicaSetController) manageReplicas(ctx context.Context, rs *appsv1.ReplicaSet, active []*corev1.Pod) error {
+	key := replicaSetKey(rs)
+	diff := len(active) - int(desiredReplicas(rs))
+	switch {
+	case diff < 0:
+		want := min(-diff, burstReplicas)
+		r.expectations.expectCreations(key, want)
+		created, err := slowStartBatch(want, 1, func() error { return r.createPod(ctx, rs) })
+		// Creates never attempted, or refused, will never be seen by the informer.
+		for range want - created {
+			r.expectations.creationObserved(key)
+		}
+		return err
+	case diff > 0:
+		surplus := min(diff, burstReplicas)
+		victims := podsToDelete(active, r.relatedPods(rs), surplus, time.Now())
+		keys := make([]string, len(victims))
+		for i, pod := range victims {
+			keys[i] = podKey(pod)
+		}
+		r.expectations.expectDeletions(key, keys)
+		errs := make(chan error, len(victims))
+		var wg sync.WaitGroup
+		for _, pod := range victims {
+			wg.Go(func() {
+				err := r.deletePod(ctx, rs, pod)
+				if err == nil {
+					return
+				}
+				// The informer will not report this delete: it failed, or the pod was gone before it (and
+				// its delete event may have come before the expectation was raised).
+				r.expectations.deletionObserved(key, podKey(pod))
+				if !apierrors.IsNotFound(err) {
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		close(errs)
+		return <-errs // the first error, or nil
+	}
+	return nil
+}
+
+func desiredReplicas(rs *appsv1.ReplicaSet) int32 {
+	if rs.Spec.Replicas == nil {
+		return 1
+	}
+	return *rs.Spec.Replicas
+}
+
+// createPod creates one pod from the template and records the outcome as an event on the ReplicaSet.
+func (r *replicaSetController) createPod(ctx context.Context, rs *appsv1.ReplicaSet) error {
+	pod := podFromTemplate(rs)
+	if len(pod.Labels) == 0 {
+		return errors.New("unable to create pods, no labels")
+	}
+	created, err := r.kube.CoreV1().Pods(rs.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if apierrors.HasStatusCause(err, corev1.NamespaceTerminatingCause) {
+		// Every create will fail until the namespace is gone; that is no failure of the ReplicaSet's.
+		r.expectations.creationObserved(replicaSetKey(rs))
+		return nil
+	}
+	if err != nil {
+		r.recorder.Eventf(rs, corev1.EventTypeWarning, "FailedCreate", "Error creating: %v", err)
+		return err
+	}
+	r.recorder.Eventf(rs, corev1.EventTypeNormal, "SuccessfulCreate", "Created pod: %v", created.Name)
+	return nil
+}
+
+// podFromTemplate is the pod the ReplicaSet creates: its template, named after it, controlled by it.
+func podFromTemplate(rs *appsv1.ReplicaSet) *corev1.Pod {
+	template := rs.Spec.Template.DeepCopy()
+	// The dash makes the names readable ("web-7xk2p"). The API server shortens a long prefix to make room
+	// for the random suffix; Kubernetes drops the dash only when the prefix would not be valid with it.
+	prefix := rs.Name + "-"
+	if len(apimachineryvalidation.NameIsDNSSubdomain(prefix, true)) != 0 {
+		prefix = rs.Name
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			GenerateName:    prefix,
+			Namespace:       rs.Namespace,
+			Labels:          template.Labels,
+			Annotations:     template.Annotations,
+			Finalizers:      template.Finalizers,
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(rs, replicaSetKind)},
+		},
+		Spec: template.Spec,
+	}
+}
+
+// deletePod deletes one pod and records the outcome. A pod already gone (NotFound, returned as is) is no
+// failure: it is what was wanted.
+func (r *replicaSetController) deletePod(ctx context.Context, rs *appsv1.ReplicaSet, pod *corev1.Pod) error {
+	err := r.kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{})
+	if apierrors.IsNotFound(err) {
+		return err
+	}
+	if err != nil {
+		r.recorder.Eventf(rs, corev1.EventTypeWarning, "FailedDelete", "Error deleting: %v", err)
+		return fmt.Errorf("unable to delete pods: %w", err)
+	}
+	r.recorder.Eventf(rs, corev1.EventTypeNormal, "SuccessfulDelete", "Deleted pod: %v", pod.Name)
+	return nil
+}
+
+// relatedPods are the pods of every ReplicaSet that shares this one's controller (a Deployment's old and
+// new ReplicaSets), so that scale-down can prefer nodes where that controller has doubled up.
+func (r *replicaSetController) relatedPods(rs *appsv1.ReplicaSet) []*corev1.Pod {
+	ref := metav1.GetControllerOfNoCopy(rs)
+	if ref == nil {
+		return nil
+	}
+	siblings, err := r.replicaSets.ReplicaSets(rs.Namespace).List(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	seen := map[types.UID]bool{}
+	var out []*corev1.Pod
+	for _, sibling := range siblings {
+		if sref := metav1.GetControllerOfNoCopy(sibling); sref == nil || sref.UID != ref.UID {
+			continue
+		}
+		selector, err := metav1.LabelSelectorAsSelector(sibling.Spec.Selector)
+		if err != nil {
+			continue
+		}
+		pods, err := r.pods.Pods(sibling.Namespace).List(selector)
+		if err != nil {
+			continue
+		}
+		for _, pod := range pods {
+			if !seen[pod.UID] {
+				seen[pod.UID] = true
+				out = append(out, pod)
+			}
+		}
+	}
+	return out
+}
+
+// slowStartBatch calls fn count times, in batches that start at initial and double while every call
+// succeeds; it stops after the first batch with a failure and returns the successes and an error. A
+// template the API refuses thus costs one failed request, not hundreds, while a good one is created
+// quickly. Calls within a batch run concurrently.
+func slowStartBatch(count, initial int, fn func() error) (int, error) {
+	remaining, successes := count, 0
+	for batch := min(remaining, initial); batch > 0; batch = min(2*batch, remaining) {
+		errs := make(chan error, batch)
+		var wg sync.WaitGroup
+		for range batch {
+			wg.Go(func() {
+				if err := fn(); err != nil {
+					errs <- err
+				}
+			})
+		}
+		wg.Wait()
+		successes += batch - len(errs)
+		if len(errs) > 0 {
+			return successes, <-errs
+		}
+		remaining -= batch
+	}
+	return successes, nil
+}
+
+// untilNextAvailable is how long until the first ready pod that is not yet available becomes so; 0 when
+// none is waiting. No event marks that moment, so the controller must look again by itself.
+func untilNextAvailable(active []*corev1.Pod, minReadySeconds int32, now time.Time) time.Duration {
+	if minReadySeconds == 0 {
+		return 0
+	}
+	var next time.Duration
+	for _, pod := range active {
+		if !isPodReady(pod) || isPodAvailable(pod, minReadySeconds, now) {
+			continue
+		}
+		since := readySince(pod)
+		if since.IsZero() {
+			continue // never becomes available by the clock
+		}
+		// Availability is "strictly after", so look a little past the instant.
+		wait := since.Add(time.Duration(minReadySeconds)*time.Second).Sub(now) + 100*time.Millisecond
+		if next == 0 || wait < next {
+			next = wait
+		}
+	}
+	return next
+}
+
+// replicaSetStatus computes the status from the active pods the ReplicaSet owned when the sync began (what
+// it creates or deletes shows in the next sync) and the outcome of managing them.
+func replicaSetStatus(rs *appsv1.ReplicaSet, active, terminating []*corev1.Pod, manageErr error, now time.Time) appsv1.ReplicaSetStatus {
+	status := *rs.Status.DeepCopy()
+	templateLabels := labels.SelectorFromSet(rs.Spec.Template.Labels)
+	var fullyLabeled, ready, available int32
+	for _, pod := range active {
+		if templateLabels.Matches(labels.Set(pod.Labels)) {
+			fullyLabeled++
+		}
+		if isPodReady(pod) {
+			ready++
+			if isPodAvailable(pod, rs.Spec.MinReadySeconds, now) {
+				available++
+			}
+		}
+	}
+	failure := replicaFailureIndex(status.Conditions)
+	switch {
+	case manageErr != nil && failure < 0:
+		reason := ""
+		if diff := len(active) - int(desiredReplicas(rs)); diff < 0 {
+			reason = "FailedCreate"
+		} else if diff > 0 {
+			reason = "FailedDelete"
+		}
+		status.Conditions = append(status.Conditions, appsv1.ReplicaSetCondition{
+			Type: appsv1.ReplicaSetReplicaFailure, Status: corev1.ConditionTrue, Reason: reason,
+			Message: manageErr.Error(), LastTransitionTime: metav1.NewTime(now),
+		})
+	case manageErr == nil && failure >= 0:
+		status.Conditions = append(status.Conditions[:failure], status.Conditions[failure+1:]...)
+		if len(status.Conditions) == 0 {
+			status.Conditions = nil
+		}
+	}
+	terminatingCount := int32(len(terminating))
+	status.Replicas = int32(len(active))
+	status.FullyLabeledReplicas = fullyLabeled
+	status.ReadyReplicas = ready
+	status.AvailableReplicas = available
+	status.TerminatingReplicas = &terminatingCount
+	return status
+}
+
+func replicaFailureIndex(conditions []appsv1.ReplicaSetCondition) int {
+	for i, c := range conditions {
+		if c.Type == appsv1.ReplicaSetReplicaFailure {
+			return i
+		}
+	}
+	return -1
+}
+
+// writeStatus writes the status when it differs from the stored one, with observedGeneration set to the
+// generation it was computed for. A write that fails (a conflict, mostly) is retried once on a fresh read.
+func (r *replicaSetController) writeStatus(ctx context.Context, rs *appsv1.ReplicaSet, status appsv1.ReplicaSetStatus) (*appsv1.ReplicaSet, error) {
+	status.ObservedGeneration = rs.Generation
+	if apiequality.Semantic.DeepEqual(rs.Status, status) {
+		return rs, nil
+	}
+	client := r.kube.AppsV1().ReplicaSets(rs.Namespace)
+	next := rs.DeepCopy()
+	for attempt := 0; ; attempt++ {
+		next.Status = status
+		updated, err := client.UpdateStatus(ctx, next, metav1.UpdateOptions{})
+		if err == nil {
+			return updated, nil
+		}
+		if attempt >= statusUpdateRetries {
+			return nil, err
+		}
+		if next, err = client.Get(ctx, rs.Name, metav1.GetOptions{}); err != nil {
+			return nil, err
+		}
+	}
+}
