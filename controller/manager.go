@@ -14,6 +14,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 )
 
@@ -66,8 +67,24 @@ var controllers = []struct {
 	{"replicaset", runReplicaSetController},
 }
 
+// podsByNode names the pod informer's index by spec.nodeName.
+const podsByNode = "nodeName"
+
+// addSharedIndexers adds the informer indexes controllers share. Indexes cannot be added to an informer that
+// has started, and the controllers start concurrently (any of them may start the factory first), so the
+// manager adds them before any controller runs.
+func addSharedIndexers(f informers.SharedInformerFactory) error {
+	return f.Core().V1().Pods().Informer().AddIndexers(cache.Indexers{podsByNode: func(obj any) ([]string, error) {
+		return []string{obj.(*corev1.Pod).Spec.NodeName}, nil
+	}})
+}
+
 // Run runs every controller until ctx ends (the leader lost its leadership).
 func Run(ctx context.Context, c *Clients) {
+	if err := addSharedIndexers(c.Informers); err != nil {
+		c.Logger.Error("informer indexes: controllers not started", "error", err)
+		return
+	}
 	var wg sync.WaitGroup
 	for _, ctl := range controllers {
 		wg.Add(1)

@@ -181,12 +181,6 @@ func runNodeLifecycle(ctx context.Context, c *Clients) {
 	nodes := c.Informers.Core().V1().Nodes()
 	pods := c.Informers.Core().V1().Pods()
 	leases := c.Informers.Coordination().V1().Leases()
-	if err := pods.Informer().AddIndexers(cache.Indexers{"nodeName": func(obj any) ([]string, error) {
-		return []string{obj.(*corev1.Pod).Spec.NodeName}, nil
-	}}); err != nil {
-		c.Logger.Error("pod index", "error", err)
-		return
-	}
 	c.Informers.Start(ctx.Done())
 	if !cache.WaitForCacheSync(ctx.Done(), nodes.Informer().HasSynced, pods.Informer().HasSynced, leases.Informer().HasSynced) {
 		return
@@ -361,7 +355,7 @@ func (l *lifecycle) setNodeHealth(ctx context.Context, node *corev1.Node, h node
 // handlePods marks a lost Node's pods not Ready, evicts those whose tolerations ran out (unless disrupted),
 // and force-deletes those Terminating for longer than pod_gc_timeout: their agent will never confirm.
 func (l *lifecycle) handlePods(ctx context.Context, node *corev1.Node, now time.Time, disrupted bool) {
-	objs, _ := l.podIndex.ByIndex("nodeName", node.Name)
+	objs, _ := l.podIndex.ByIndex(podsByNode, node.Name)
 	var noExecute []corev1.Taint
 	for _, t := range node.Spec.Taints {
 		if t.Effect == corev1.TaintEffectNoExecute {
@@ -442,11 +436,11 @@ func (l *lifecycle) collectOrphans(ctx context.Context, nodes []*corev1.Node, no
 		exists[n.Name] = true
 	}
 	seen := map[string]bool{}
-	for _, key := range l.podIndex.ListIndexFuncValues("nodeName") {
+	for _, key := range l.podIndex.ListIndexFuncValues(podsByNode) {
 		if key == "" || exists[key] {
 			continue
 		}
-		objs, _ := l.podIndex.ByIndex("nodeName", key)
+		objs, _ := l.podIndex.ByIndex(podsByNode, key)
 		for _, obj := range objs {
 			pod := obj.(*corev1.Pod)
 			id := pod.Namespace + "/" + pod.Name

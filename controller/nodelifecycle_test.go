@@ -274,7 +274,7 @@ func newLifecycleHarness(t *testing.T, w lifecycleWorld) *lifecycleHarness {
 	var objs []runtime.Object
 	nodeIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
 	leaseIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	podIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{"nodeName": func(obj any) ([]string, error) {
+	podIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{podsByNode: func(obj any) ([]string, error) {
 		return []string{obj.(*corev1.Pod).Spec.NodeName}, nil
 	}})
 	for _, n := range w.nodes {

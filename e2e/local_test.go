@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -16,11 +17,13 @@ import (
 // with its own address and iptables on a shared bridge, agents on the real runtime joined by retry_join to a
 // single server and started before the servers. Then, with the stock kubectl:
 //   - a pod on one agent reaches a pod on the other (pod CIDRs routed host-gw style);
-//   - kill -9 an agent: Unknown with the unreachable taints; a pod tolerating that for 5 s is evicted; after
-//     a restart the Node is Ready and untainted;
-//   - partition an agent's host from the others, then heal it: the same sequence;
+//   - kill -9 an agent: Unknown with the unreachable taints; a ReplicaSet's pod tolerating that for 5 s is
+//     evicted and replaced on the other agent; after a restart the Node is Ready and untainted;
+//   - partition an agent's host from the others, then heal it: the same sequence, and the evicted pod does
+//     not run on the healed agent (no container of it in its containerd);
 //   - partition the leader's host from the agents: no eviction (the disruption guard's case);
-//   - kill -9 the Raft leader: the new leader marks no node unreachable;
+//   - kill -9 the Raft leader: the new leader marks no node unreachable, and does mark a killed agent;
+//   - gossip is encrypted throughout (skiff local writes an `encrypt` key into every HCL);
 //   - `skiff local down` leaves no namespace, veth or bridge behind.
 func TestLocalHACluster(t *testing.T) {
 	requireRealRuntime(t)
@@ -57,8 +60,6 @@ kind: Pod
 metadata: {name: web}
 spec:
   nodeName: agent-1
-  tolerations:
-  - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 5}
   containers:
   - name: httpd
     image: skiff.local/busybox:1
@@ -90,47 +91,70 @@ spec:
 		return nil
 	})
 
-	// kill -9 agent-1: Unknown, unreachable taints, web evicted after 5 s; restart: Ready, untainted.
-	if err := st.Kill("agent-1"); err != nil {
+	// A ReplicaSet whose pod tolerates an unreachable node for 5 s: each loss of its node below evicts it,
+	// and the ReplicaSet controller replaces it on the other node.
+	applyYAML(t, k, `apiVersion: apps/v1
+kind: ReplicaSet
+metadata: {name: keeper}
+spec:
+  replicas: 1
+  selector: {matchLabels: {app: keeper}}
+  template:
+    metadata: {labels: {app: keeper}}
+    spec:
+      terminationGracePeriodSeconds: 2
+      tolerations:
+      - {key: node.kubernetes.io/unreachable, operator: Exists, effect: NoExecute, tolerationSeconds: 5}
+      containers: [{name: k, image: skiff.local/busybox:1, command: ["sleep", "3600"]}]
+`)
+	keeper := waitKeeperRunning(t, k, "")
+
+	// kill -9 the keeper's agent: Unknown, unreachable taints, the pod evicted after 5 s and replaced on the
+	// other agent; restarted: Ready, untainted, and the evicted pod's deletion confirmed.
+	lost := keeper.node
+	if err := st.Kill(lost); err != nil {
 		t.Fatal(err)
 	}
 	killed := time.Now()
-	k.waitNodeHealth("agent-1", "Unknown/NodeStatusUnknown node.kubernetes.io/unreachable", 60*time.Second)
-	t.Logf("agent-1 marked unreachable %v after kill -9", time.Since(killed).Round(100*time.Millisecond))
-	proctest.WaitFor(t, "web evicted", 30*time.Second, func() error {
-		if out := k.ok("get", "pod", "web", "-o", "jsonpath={.metadata.deletionTimestamp}"); out == "" {
-			return fmt.Errorf("not marked for deletion yet")
-		}
-		return nil
-	})
-	if err := st.Start(dir, "agent-1"); err != nil {
+	k.waitNodeHealth(lost, "Unknown/NodeStatusUnknown node.kubernetes.io/unreachable", 60*time.Second)
+	t.Logf("%s marked unreachable %v after kill -9", lost, time.Since(killed).Round(100*time.Millisecond))
+	replacement := waitKeeperRunning(t, k, lost)
+	t.Logf("keeper replaced on %s %v after kill -9", replacement.node, time.Since(killed).Round(100*time.Millisecond))
+	if err := st.Start(dir, lost); err != nil {
 		t.Fatal(err)
 	}
-	k.waitNodeHealth("agent-1", "True/", 60*time.Second)
-	proctest.WaitFor(t, "web's deletion confirmed by the restarted agent", 60*time.Second, func() error {
-		if out, _ := k.run("get", "pod", "web"); !strings.Contains(out, "NotFound") {
-			return fmt.Errorf("still there: %s", out)
-		}
-		return nil
-	})
+	k.waitNodeHealth(lost, "True/", 60*time.Second)
+	waitPodGone(t, k, keeper.name)
 
-	// Partition agent-2's host from every other host, then heal it. (Cut off from the servers alone, it would
-	// stay alive: gossip's indirect probes through agent-1 still reach it.)
+	// Partition the keeper's new host from every other host, then heal it: the same sequence. (Cut off from
+	// the servers alone, it would stay alive: gossip's indirect probes through the other agent still reach it.)
+	keeper, lost = replacement, replacement.node
 	var others []string
 	for _, h := range st.Hosts {
-		if h.Name != "agent-2" {
+		if h.Name != lost {
 			others = append(others, h.IP)
 		}
 	}
-	if err := st.Partition("agent-2", others); err != nil {
+	if err := st.Partition(lost, others); err != nil {
 		t.Fatal(err)
 	}
-	k.waitNodeHealth("agent-2", "Unknown/NodeStatusUnknown node.kubernetes.io/unreachable", 60*time.Second)
-	if err := st.Heal("agent-2", others); err != nil {
+	k.waitNodeHealth(lost, "Unknown/NodeStatusUnknown node.kubernetes.io/unreachable", 60*time.Second)
+	replacement = waitKeeperRunning(t, k, lost)
+	if err := st.Heal(lost, others); err != nil {
 		t.Fatal(err)
 	}
-	k.waitNodeHealth("agent-2", "True/", 60*time.Second)
-	// Its pod ran through the partition and still runs once, with its first container.
+	k.waitNodeHealth(lost, "True/", 60*time.Second)
+	// No pod runs twice: the healed agent kills the evicted pod and confirms its deletion, its containerd
+	// holds no container of it, and the ReplicaSet has its one pod, on the other node.
+	waitPodGone(t, k, keeper.name)
+	sock := filepath.Join(dir, lost, "data", "containerd", "containerd.sock")
+	if out, err := exec.Command("ctr", "--address", sock, "-n", "skiff", "containers", "ls", "-q",
+		fmt.Sprintf(`labels."io.skiff.pod.uid"==%s`, keeper.uid)).CombinedOutput(); err != nil || strings.TrimSpace(string(out)) != "" {
+		t.Fatalf("containers of the evicted pod %s left on %s after the heal: %v %s", keeper.name, lost, err, out)
+	}
+	if again := waitKeeperRunning(t, k, lost); again.name != replacement.name {
+		t.Fatalf("keeper is %s after the heal, want the replacement %s", again.name, replacement.name)
+	}
 	if p := k.pod("client"); p.Status.Phase != "Succeeded" {
 		t.Fatalf("client after the heal: %s", p.Status.Phase)
 	}
@@ -192,6 +216,56 @@ spec:
 		}
 		time.Sleep(time.Second)
 	}
+	// ... and keeps maintaining node status: a killed agent goes Unknown, and Ready again once restarted.
+	if err := st.Kill("agent-1"); err != nil {
+		t.Fatal(err)
+	}
+	k2.waitNodeHealth("agent-1", "Unknown/NodeStatusUnknown node.kubernetes.io/unreachable", 60*time.Second)
+	if err := st.Start(dir, "agent-1"); err != nil {
+		t.Fatal(err)
+	}
+	k2.waitNodeHealth("agent-1", "True/", 60*time.Second)
+}
+
+// keeperPod is the Running pod of the keeper ReplicaSet.
+type keeperPod struct{ name, uid, node string }
+
+// waitKeeperRunning waits until the keeper ReplicaSet has exactly one pod that is not being deleted, Running
+// on a node other than notOn, and returns it.
+func waitKeeperRunning(t *testing.T, k kubectl, notOn string) keeperPod {
+	t.Helper()
+	var got keeperPod
+	proctest.WaitFor(t, "one Running keeper pod not on "+notOn, 90*time.Second, func() error {
+		out := k.ok("get", "pods", "-l", "app=keeper", "-o",
+			`jsonpath={range .items[*]}{.metadata.name} {.metadata.uid} {.spec.nodeName} {.status.phase} {.metadata.deletionTimestamp}{"\n"}{end}`)
+		var live []keeperPod
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 4 { // no deletionTimestamp
+				if f[3] != "Running" || f[2] == notOn {
+					return fmt.Errorf("pod %s is %s on %q", f[0], f[3], f[2])
+				}
+				live = append(live, keeperPod{name: f[0], uid: f[1], node: f[2]})
+			}
+		}
+		if len(live) != 1 {
+			return fmt.Errorf("%d live keeper pods:\n%s", len(live), out)
+		}
+		got = live[0]
+		return nil
+	})
+	return got
+}
+
+// waitPodGone waits until the pod no longer exists: its agent confirmed the deletion.
+func waitPodGone(t *testing.T, k kubectl, name string) {
+	t.Helper()
+	proctest.WaitFor(t, name+"'s deletion confirmed by its agent", 60*time.Second, func() error {
+		if out, _ := k.run("get", "pod", name); !strings.Contains(out, "NotFound") {
+			return fmt.Errorf("still there: %s", out)
+		}
+		return nil
+	})
 }
 
 // raftLeader is the current Raft leader's name, from `skiff operator raft list-peers`.

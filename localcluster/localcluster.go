@@ -7,6 +7,7 @@ package localcluster
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -52,7 +53,9 @@ type State struct {
 	Gateway string `json:"gateway"` // the host's address on the bridge
 	Binary  string `json:"binary"`
 	Token   string `json:"token"`
-	Hosts   []Host `json:"hosts"`
+	// GossipKey encrypts the gossip pool (every HCL's `encrypt`), as a production cluster should.
+	GossipKey string `json:"gossip_key"`
+	Hosts     []Host `json:"hosts"`
 }
 
 // Kubeconfig is the admin kubeconfig of the first server.
@@ -143,7 +146,10 @@ func Up(ctx context.Context, opts Options) (*State, error) {
 	_, _ = rand.Read(idBytes)
 	tokenBytes := make([]byte, 16)
 	_, _ = rand.Read(tokenBytes)
-	st := &State{ID: hex.EncodeToString(idBytes), Binary: opts.Binary, Token: hex.EncodeToString(tokenBytes)}
+	gossipKey := make([]byte, 32)
+	_, _ = rand.Read(gossipKey)
+	st := &State{ID: hex.EncodeToString(idBytes), Binary: opts.Binary, Token: hex.EncodeToString(tokenBytes),
+		GossipKey: base64.StdEncoding.EncodeToString(gossipKey)}
 	st.Bridge = "skl" + st.ID
 	prefix, err := freeSubnet()
 	if err != nil {
@@ -278,25 +284,27 @@ func hostHCL(st *State, h *Host, dir string, serverIPs []string, opts Options) s
 name      = %q
 data_dir  = %q
 bind_addr = %q
+encrypt   = %q
 server {
   bootstrap_expect = %d
   retry_join       = [%s]
   retry_interval   = "500ms"
   token            = %q
 }
-`, h.Name, h.Netns, h.Name, dataDir, h.IP, len(serverIPs), quoted(serverIPs), st.Token)
+`, h.Name, h.Netns, h.Name, dataDir, h.IP, st.GossipKey, len(serverIPs), quoted(serverIPs), st.Token)
 	}
 	return fmt.Sprintf(`# skiff local: agent %s in network namespace %s
 name      = %q
 data_dir  = %q
 bind_addr = %q
+encrypt   = %q
 agent {
   retry_join     = [%s]
   retry_interval = "1s"
   token          = %q
   runtime        = %q
 }
-`, h.Name, h.Netns, h.Name, dataDir, h.IP, quoted(serverIPs[:1]), st.Token, opts.AgentRuntime)
+`, h.Name, h.Netns, h.Name, dataDir, h.IP, st.GossipKey, quoted(serverIPs[:1]), st.Token, opts.AgentRuntime)
 }
 
 // start runs the host's process in its namespace, in a session of its own so it outlives `skiff local up`.
