@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skiff-dev/skiff/internal/images"
 	"github.com/skiff-dev/skiff/internal/proctest"
 	"github.com/skiff-dev/skiff/localcluster"
 )
@@ -17,6 +18,7 @@ import (
 // with its own address and iptables on a shared bridge, agents on the real runtime joined by retry_join to a
 // single server and started before the servers. Then, with the stock kubectl:
 //   - a pod on one agent reaches a pod on the other (pod CIDRs routed host-gw style);
+//   - an image given by `--images` runs with no registry;
 //   - kill -9 an agent: Unknown with the unreachable taints; a ReplicaSet's pod tolerating that for 5 s is
 //     evicted and replaced on the other agent; after a restart the Node is Ready and untainted;
 //   - partition an agent's host from the others, then heal it: the same sequence, and the evicted pod does
@@ -32,7 +34,24 @@ func TestLocalHACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	bin := proctest.Binary(t)
-	out, err := exec.Command(bin, "local", "up", "--servers", "3", "--agents", "2", "--dir", dir).CombinedOutput()
+	// --images: a user's image tarball (busybox plus a marker file) every agent imports, no registry involved.
+	imageDir := filepath.Join(dir, "user-images")
+	spec, err := images.Busybox(images.BusyboxPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec.Files = append(spec.Files, images.File{Path: "/marker.txt", Data: []byte("offline-image-ok\n")})
+	img, err := images.Build(spec)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(imageDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := images.WriteTarball(img, "example.test/offline:1", filepath.Join(imageDir, "offline.tar")); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(bin, "local", "up", "--servers", "3", "--agents", "2", "--dir", dir, "--images", imageDir).CombinedOutput()
 	st, loadErr := localcluster.Load(dir)
 	t.Cleanup(func() {
 		if t.Failed() && st != nil {
@@ -86,6 +105,22 @@ spec:
 `, webIP))
 	proctest.WaitFor(t, "client on agent-2 fetched from web on agent-1", 90*time.Second, func() error {
 		if s := k.podStatusColumn("client"); s != "Completed" {
+			return fmt.Errorf("STATUS %s", s)
+		}
+		return nil
+	})
+
+	// The --images tarball runs on an agent with no registry to pull from.
+	applyYAML(t, k, `apiVersion: v1
+kind: Pod
+metadata: {name: offline}
+spec:
+  nodeName: agent-2
+  restartPolicy: Never
+  containers: [{name: o, image: example.test/offline:1, imagePullPolicy: Never, command: ["grep", "-q", "offline-image-ok", "/marker.txt"]}]
+`)
+	proctest.WaitFor(t, "offline Completed", 60*time.Second, func() error {
+		if s := k.podStatusColumn("offline"); s != "Completed" {
 			return fmt.Errorf("STATUS %s", s)
 		}
 		return nil

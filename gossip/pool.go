@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net"
+	"os"
 	"sort"
 	"strconv"
 	"sync"
@@ -92,6 +93,10 @@ type Config struct {
 	RetryInterval time.Duration
 	// RetryMax is how many join attempts to make before giving up (JoinFailed closes); 0 means forever.
 	RetryMax int
+	// PeersFile is where the member keeps the gossip addresses of the members it has seen. After a restart it
+	// joins through them as well as RetryJoin, whose members may be gone by then (a restarted agent whose
+	// only retry_join server died would otherwise never rejoin). Empty keeps nothing.
+	PeersFile string
 	// EncryptKey is a base64 AES key (16, 24 or 32 bytes); empty disables encryption.
 	EncryptKey string
 	// Local selects memberlist's loopback timings (fast failure detection), for tests and dev mode.
@@ -106,10 +111,13 @@ type Pool struct {
 	ml     *memberlist.Memberlist
 	mlConf *memberlist.Config
 
-	mu      sync.Mutex
-	meta    Meta
-	members map[string]Member
-	subs    map[chan Event]struct{}
+	mu         sync.Mutex
+	meta       Meta
+	members    map[string]Member
+	subs       map[chan Event]struct{}
+	peersDirty bool // the member table changed since PeersFile was written
+
+	joinAddrs []string // RetryJoin, then the remembered peers
 
 	joined     chan struct{}
 	joinOnce   sync.Once
@@ -167,13 +175,89 @@ func New(cfg Config) (*Pool, error) {
 		return nil, fmt.Errorf("starting gossip on %s: %w", net.JoinHostPort(cfg.BindAddr, strconv.Itoa(cfg.BindPort)), err)
 	}
 	p.ml = ml
+	if cfg.PeersFile != "" {
+		p.wg.Add(1)
+		go p.keepPeers()
+	}
 	if len(cfg.RetryJoin) == 0 {
 		p.joinOnce.Do(func() { close(p.joined) })
 	} else {
+		p.joinAddrs = joinAddresses(cfg.RetryJoin, readPeers(cfg.PeersFile), ml.LocalNode().Address())
 		p.wg.Add(1)
 		go p.retryJoin()
 	}
 	return p, nil
+}
+
+// joinAddresses is retryJoin followed by the remembered peers it lacks, without this member's own address.
+func joinAddresses(retryJoin, remembered []string, self string) []string {
+	seen := map[string]bool{self: true}
+	var out []string
+	for _, addr := range append(append([]string(nil), retryJoin...), remembered...) {
+		if !seen[addr] {
+			seen[addr] = true
+			out = append(out, addr)
+		}
+	}
+	return out
+}
+
+// readPeers is the address list PeersFile holds; none when it is missing or unreadable.
+func readPeers(path string) []string {
+	if path == "" {
+		return nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil
+	}
+	var addrs []string
+	if json.Unmarshal(data, &addrs) != nil {
+		return nil
+	}
+	return addrs
+}
+
+// peersWriteInterval bounds how often PeersFile is rewritten: a burst of joins costs one write.
+const peersWriteInterval = 2 * time.Second
+
+// keepPeers writes the alive members' addresses to PeersFile whenever the member table changed.
+func (p *Pool) keepPeers() {
+	defer p.wg.Done()
+	tick := time.NewTicker(peersWriteInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-tick.C:
+		}
+		p.mu.Lock()
+		dirty := p.peersDirty
+		p.peersDirty = false
+		p.mu.Unlock()
+		if !dirty {
+			continue
+		}
+		var addrs []string
+		for _, m := range p.Alive("") {
+			if m.Name != p.cfg.Name {
+				addrs = append(addrs, m.Addr)
+			}
+		}
+		if len(addrs) == 0 {
+			continue // alone: keep what was known, it is the way back
+		}
+		data, _ := json.Marshal(addrs)
+		tmp := p.cfg.PeersFile + ".tmp"
+		err := os.WriteFile(tmp, data, 0o600)
+		if err == nil {
+			err = os.Rename(tmp, p.cfg.PeersFile) // whole or not at all, should the process die mid-write
+		}
+		if err != nil {
+			p.logger.Warn("remembering the gossip peers", "file", p.cfg.PeersFile, "error", err)
+		}
+	}
 }
 
 // retryJoin keeps trying the join addresses until at least one other member answers. Servers started in any
@@ -181,18 +265,18 @@ func New(cfg Config) (*Pool, error) {
 func (p *Pool) retryJoin() {
 	defer p.wg.Done()
 	for attempt := 1; ; attempt++ {
-		n, err := p.ml.Join(p.cfg.RetryJoin)
+		n, err := p.ml.Join(p.joinAddrs)
 		if n > 0 && p.ml.NumMembers() > 1 {
 			p.logger.Info("joined gossip pool", "contacted", n, "members", p.ml.NumMembers())
 			p.joinOnce.Do(func() { close(p.joined) })
 			return
 		}
 		if p.cfg.RetryMax > 0 && attempt >= p.cfg.RetryMax {
-			p.logger.Error("giving up joining the gossip pool", "addresses", p.cfg.RetryJoin, "attempts", attempt, "error", err)
+			p.logger.Error("giving up joining the gossip pool", "addresses", p.joinAddrs, "attempts", attempt, "error", err)
 			close(p.joinFailed)
 			return
 		}
-		p.logger.Debug("join attempt failed, retrying", "addresses", p.cfg.RetryJoin, "error", err)
+		p.logger.Debug("join attempt failed, retrying", "addresses", p.joinAddrs, "error", err)
 		select {
 		case <-p.stop:
 			return
@@ -306,6 +390,7 @@ func (p *Pool) record(t EventType, n *memberlist.Node) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.members[m.Name] = m
+	p.peersDirty = true
 	ev := Event{Type: t, Member: m}
 	for ch := range p.subs {
 		select {

@@ -3,6 +3,8 @@ package gossip
 import (
 	"fmt"
 	"net"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 )
@@ -109,5 +111,49 @@ func TestWrongEncryptionKeyCannotJoin(t *testing.T) {
 	}
 	if _, err := New(Config{Name: "c", BindAddr: "127.0.0.1", BindPort: freePort(t), EncryptKey: "not base64!"}); err == nil {
 		t.Fatal("bad key accepted")
+	}
+}
+
+// TestRejoinThroughRememberedPeers: a member that joined through B remembers A too, and after a restart,
+// with B gone, rejoins through A although its retry_join names only B.
+func TestRejoinThroughRememberedPeers(t *testing.T) {
+	peers := filepath.Join(t.TempDir(), "peers.json")
+	a, b, c := freePort(t), freePort(t), freePort(t)
+	addr := func(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }
+	start := func(name string, port int, join []string, peersFile string) *Pool {
+		t.Helper()
+		p, err := New(Config{Name: name, BindAddr: "127.0.0.1", BindPort: port, RetryJoin: join, RetryInterval: 50 * time.Millisecond,
+			Local: true, PeersFile: peersFile, Meta: Meta{Role: RoleAgent}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Shutdown() })
+		return p
+	}
+	start("a", a, nil, "")
+	pb := start("b", b, []string{addr(a)}, "")
+	pc := start("c", c, []string{addr(b)}, peers)
+	waitFor(t, "c to see a and b", func() bool { return len(pc.Alive("")) == 3 })
+	waitFor(t, "c's peers file to list a and b", func() bool {
+		got := readPeers(peers)
+		return len(got) == 2 && slices.Contains(got, addr(a)) && slices.Contains(got, addr(b))
+	})
+	pc.Shutdown()
+	pb.Shutdown()
+	again := start("c", c, []string{addr(b)}, peers)
+	select {
+	case <-again.Joined():
+	case <-time.After(10 * time.Second):
+		t.Fatal("the restarted member did not rejoin through the remembered peer")
+	}
+	if _, ok := again.Member("a"); !ok {
+		t.Fatal("rejoined, but a is not in the member table")
+	}
+}
+
+func TestJoinAddresses(t *testing.T) {
+	got := joinAddresses([]string{"s1:7946", "s2:7946"}, []string{"s2:7946", "me:7946", "a1:7946"}, "me:7946")
+	if want := []string{"s1:7946", "s2:7946", "a1:7946"}; !slices.Equal(got, want) {
+		t.Fatalf("got %v, want %v", got, want)
 	}
 }

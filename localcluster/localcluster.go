@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -32,6 +33,46 @@ type Options struct {
 	Binary  string // the skiff binary; the running one when empty
 	// AgentRuntime is the agents' runtime: containerd (default) or simulated.
 	AgentRuntime string
+	// Images is a directory of image tarballs (*.tar, OCI or docker-archive) copied into every agent's
+	// <data_dir>/images/, which the agent imports at start: the cluster then runs them with no registry.
+	Images string
+}
+
+// imageTarballs lists the *.tar files in dir, and fails when there is none: an --images without images is
+// surely a mistake.
+func imageTarballs(dir string) ([]string, error) {
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("--images: %w", err)
+	}
+	var out []string
+	for _, e := range entries {
+		if !e.IsDir() && strings.HasSuffix(e.Name(), ".tar") {
+			out = append(out, filepath.Join(dir, e.Name()))
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("--images: no image tarball (*.tar) in %s", dir)
+	}
+	return out, nil
+}
+
+// copyFile copies src to dst, which it creates.
+func copyFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // Host is one namespace of the cluster.
@@ -122,6 +163,13 @@ func Up(ctx context.Context, opts Options) (*State, error) {
 	if opts.Servers < 1 {
 		return nil, errors.New("at least one server is needed")
 	}
+	var tarballs []string
+	if opts.Images != "" {
+		var err error
+		if tarballs, err = imageTarballs(opts.Images); err != nil {
+			return nil, err
+		}
+	}
 	if opts.Binary == "" {
 		exe, err := os.Executable()
 		if err != nil {
@@ -201,8 +249,14 @@ func Up(ctx context.Context, opts Options) (*State, error) {
 		}
 		if h.Role == "agent" && opts.AgentRuntime == "containerd" {
 			// No registry may be reachable: each agent imports this busybox at start.
-			if err := images.WriteOfflineBusybox(filepath.Join(dir, h.Name, "data", "images", "busybox.tar")); err != nil {
+			imageDir := filepath.Join(dir, h.Name, "data", "images")
+			if err := images.WriteOfflineBusybox(filepath.Join(imageDir, "busybox.tar")); err != nil {
 				return fail(err)
+			}
+			for _, src := range tarballs {
+				if err := copyFile(src, filepath.Join(imageDir, "user-"+filepath.Base(src))); err != nil {
+					return fail(fmt.Errorf("copying %s to %s: %w", src, h.Name, err))
+				}
 			}
 		}
 	}

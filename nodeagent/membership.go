@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
+	"path/filepath"
 	"strconv"
 	"time"
 
@@ -30,10 +31,15 @@ func (a *Agent) joinPool(ctx context.Context) (*gossip.Pool, error) {
 	} else {
 		meta.NodePrefix, meta.NodeCount = a.cfg.Name, len(names)
 	}
+	// The members seen are remembered under the data dir, so a restart can rejoin through any of them.
+	var peersFile string
+	if a.cfg.DataDir != "" {
+		peersFile = filepath.Join(a.cfg.DataDir, "gossip-peers.json")
+	}
 	pool, err := gossip.New(gossip.Config{
 		Name: a.cfg.Name, BindAddr: a.cfg.BindAddr, BindPort: a.cfg.GossipPort, AdvertiseAddr: a.cfg.AdvertiseAddr,
 		Meta: meta, RetryJoin: a.cfg.RetryJoin, RetryInterval: a.cfg.RetryInterval, RetryMax: a.cfg.RetryMax,
-		EncryptKey: a.cfg.Encrypt, Logger: a.logger,
+		EncryptKey: a.cfg.Encrypt, PeersFile: peersFile, Logger: a.logger,
 	})
 	if err != nil {
 		return nil, err

@@ -86,7 +86,7 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 			BootstrapExpect: cfg.BootstrapExpect, BootID: bootID(),
 		},
 		RetryJoin: cfg.RetryJoin, RetryInterval: cfg.RetryInterval, EncryptKey: cfg.Encrypt,
-		Local: opts.LocalGossip, Logger: logger,
+		PeersFile: filepath.Join(cfg.DataDir, gossipPeersFile), Local: opts.LocalGossip, Logger: logger,
 	})
 	if err != nil {
 		s.ln.Close()
@@ -142,6 +142,9 @@ func (s *Server) Node() *raftnode.Node { return s.node }
 func (s *Server) Pool() *gossip.Pool { return s.pool }
 
 // KubeconfigPath is where the peer writes the admin kubeconfig.
+// gossipPeersFile, under the data dir, remembers the gossip members seen, to rejoin through after a restart.
+const gossipPeersFile = "gossip-peers.json"
+
 func (s *Server) KubeconfigPath() string { return filepath.Join(s.cfg.DataDir, "admin.kubeconfig") }
 
 // Removed is closed when this peer was removed from the cluster; the process should exit.

@@ -19,7 +19,7 @@ import (
 // runLocal is `skiff local up|down|status`: an HA cluster of network-namespace hosts on this machine.
 func runLocal(args []string) int {
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: skiff local up|down|status [--dir .skiff] [--servers 3 --agents 2 --runtime containerd]")
+		fmt.Fprintln(os.Stderr, "usage: skiff local up|down|status [--dir .skiff] [--servers 3 --agents 2 --runtime containerd --images DIR]")
 		return 2
 	}
 	fs := flag.NewFlagSet("local "+args[0], flag.ContinueOnError)
@@ -27,6 +27,7 @@ func runLocal(args []string) int {
 	servers := fs.Int("servers", 3, "servers (up)")
 	agents := fs.Int("agents", 2, "node agents (up)")
 	runtime := fs.String("runtime", "containerd", "the agents' runtime: containerd or simulated (up)")
+	imageDir := fs.String("images", "", "a directory of image tarballs (*.tar) every agent imports at start, to run offline (up)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
@@ -34,7 +35,7 @@ func runLocal(args []string) int {
 	case "up":
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 		defer cancel()
-		st, err := localcluster.Up(ctx, localcluster.Options{Dir: *dir, Servers: *servers, Agents: *agents, AgentRuntime: *runtime})
+		st, err := localcluster.Up(ctx, localcluster.Options{Dir: *dir, Servers: *servers, Agents: *agents, AgentRuntime: *runtime, Images: *imageDir})
 		if err != nil {
 			fmt.Fprintf(os.Stderr, "skiff local up: %v\n", err)
 			return 1
