@@ -320,7 +320,11 @@ func (r *replicaSetController) sync(ctx context.Context, key string) (time.Durat
 	if manageErr != nil {
 		return 0, manageErr
 	}
-	return untilNextAvailable(active, updated.Spec.MinReadySeconds, now), nil
+	recheck := untilNextAvailable(active, updated.Spec.MinReadySeconds, now)
+	if wait := r.expectations.expiresIn(key, now); !mayManage && wait > 0 && (recheck == 0 || wait < recheck) {
+		recheck = wait
+	}
+	return recheck, nil
 }
 
 // replicaSetSelector parses the selector, and refuses one that is empty or does not match the template's
@@ -498,6 +502,11 @@ func (r *replicaSetController) manageReplicas(ctx context.Context, rs *appsv1.Re
 			wg.Go(func() {
 				err := r.deletePod(ctx, rs, pod)
 				if err == nil {
+					// The informer may have reported the pod terminating (or gone) before the expectation
+					// was raised; then no further event of it need come.
+					if cached, lerr := r.pods.Pods(pod.Namespace).Get(pod.Name); lerr != nil || cached.UID != pod.UID || cached.DeletionTimestamp != nil {
+						r.expectations.deletionObserved(key, podKey(pod))
+					}
 					return
 				}
 				// The informer will not report this delete: it failed, or the pod was gone before it (and

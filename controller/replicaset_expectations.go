@@ -42,6 +42,18 @@ func (e *expectations) satisfied(key string, now time.Time) bool {
 	return (x.creates <= 0 && len(x.deletes) == 0) || now.Sub(x.setAt) > expectationsTimeout
 }
 
+// expiresIn is how long until the ReplicaSet's wait runs out; 0 when nothing is awaited. No event may come to
+// wake the ReplicaSet when it does (the lost event is the reason it waits), so the sync asks to look again.
+func (e *expectations) expiresIn(key string, now time.Time) time.Duration {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	x, ok := e.byKey[key]
+	if !ok || (x.creates <= 0 && len(x.deletes) == 0) {
+		return 0
+	}
+	return max(x.setAt.Add(expectationsTimeout).Sub(now), time.Second)
+}
+
 // expectCreations replaces what is expected of the ReplicaSet with n creates.
 func (e *expectations) expectCreations(key string, n int) {
 	e.mu.Lock()

@@ -519,11 +519,16 @@ func TestReplicaSetSyncCreatesOnceUntilObserved(t *testing.T) {
 	if h.r.expectations.satisfied("default/web", time.Now()) {
 		t.Fatalf("expectations satisfied before the informer saw any pod")
 	}
-	if _, err := h.r.sync(context.Background(), "default/web"); err != nil {
+	recheck, err := h.r.sync(context.Background(), "default/web")
+	if err != nil {
 		t.Fatal(err)
 	}
 	if got := h.actions("create"); got != burstReplicas {
 		t.Fatalf("a second sync created again: %d creates", got)
+	}
+	// No event may come to end the wait, so the sync asks to be run again when it runs out.
+	if recheck <= expectationsTimeout-time.Minute || recheck > expectationsTimeout {
+		t.Errorf("a sync waiting on expectations asks to look again in %v, want about %v", recheck, expectationsTimeout)
 	}
 	stored, err := h.kube.AppsV1().ReplicaSets("default").Get(context.Background(), "web", metav1.GetOptions{})
 	if err != nil {

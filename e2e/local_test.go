@@ -276,7 +276,10 @@ func waitKeeperRunning(t *testing.T, k kubectl, notOn string) keeperPod {
 		var live []keeperPod
 		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 			f := strings.Fields(line)
-			if len(f) == 4 { // no deletionTimestamp
+			switch len(f) {
+			case 3: // not scheduled yet
+				return fmt.Errorf("pod %s is not scheduled", f[0])
+			case 4: // not being deleted
 				if f[3] != "Running" || f[2] == notOn {
 					return fmt.Errorf("pod %s is %s on %q", f[0], f[3], f[2])
 				}

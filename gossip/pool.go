@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net"
 	"os"
 	"sort"
@@ -91,6 +92,8 @@ type Config struct {
 	Meta          Meta
 	RetryJoin     []string // host:port of members to join
 	RetryInterval time.Duration
+	// ReconnectInterval is how often a member tries to reach one member it saw fail (default 10 s).
+	ReconnectInterval time.Duration
 	// RetryMax is how many join attempts to make before giving up (JoinFailed closes); 0 means forever.
 	RetryMax int
 	// PeersFile is where the member keeps the gossip addresses of the members it has seen. After a restart it
@@ -134,6 +137,9 @@ func New(cfg Config) (*Pool, error) {
 	}
 	if cfg.RetryInterval <= 0 {
 		cfg.RetryInterval = 2 * time.Second
+	}
+	if cfg.ReconnectInterval <= 0 {
+		cfg.ReconnectInterval = 10 * time.Second
 	}
 	p := &Pool{
 		cfg: cfg, logger: cfg.Logger.Named("gossip"), meta: cfg.Meta,
@@ -179,27 +185,69 @@ func New(cfg Config) (*Pool, error) {
 		p.wg.Add(1)
 		go p.keepPeers()
 	}
+	// The join goroutines are not waited for at Shutdown: a join to an unreachable address blocks for
+	// memberlist's TCP timeout, and they check p.stop between attempts.
 	if len(cfg.RetryJoin) == 0 {
 		p.joinOnce.Do(func() { close(p.joined) })
 	} else {
-		p.joinAddrs = joinAddresses(cfg.RetryJoin, readPeers(cfg.PeersFile), ml.LocalNode().Address())
-		p.wg.Add(1)
+		remembered := readPeers(cfg.PeersFile)
+		rand.Shuffle(len(remembered), func(i, j int) { remembered[i], remembered[j] = remembered[j], remembered[i] })
+		p.joinAddrs = joinAddresses(cfg.RetryJoin, remembered, ml.LocalNode().Address())
 		go p.retryJoin()
 	}
+	go p.reconnect()
 	return p, nil
 }
 
-// joinAddresses is retryJoin followed by the remembered peers it lacks, without this member's own address.
+// rememberedJoins is how many remembered peers a restarted member adds to its join list: memberlist's
+// Join exchanges the full state with every address it is given, so a few reachable ones are enough.
+const rememberedJoins = 3
+
+// joinAddresses is retryJoin followed by up to rememberedJoins remembered peers it lacks, without this
+// member's own address.
 func joinAddresses(retryJoin, remembered []string, self string) []string {
 	seen := map[string]bool{self: true}
 	var out []string
-	for _, addr := range append(append([]string(nil), retryJoin...), remembered...) {
-		if !seen[addr] {
-			seen[addr] = true
-			out = append(out, addr)
+	added := 0
+	for i, addr := range append(append([]string(nil), retryJoin...), remembered...) {
+		if seen[addr] || (i >= len(retryJoin) && added == rememberedJoins) {
+			continue
+		}
+		seen[addr] = true
+		out = append(out, addr)
+		if i >= len(retryJoin) {
+			added++
 		}
 	}
 	return out
+}
+
+// reconnect heals partitions, as Serf does. memberlist stops gossiping to a failed member after
+// GossipToTheDeadTime (30 s) and forgets it, so after a longer partition neither side would ever contact the
+// other again; each round, one failed (not departed) member picked at random is joined anew.
+func (p *Pool) reconnect() {
+	for {
+		select {
+		case <-p.stop:
+			return
+		case <-time.After(p.cfg.ReconnectInterval):
+		}
+		var failed []string
+		for _, m := range p.Members() {
+			if m.Status == StatusDead && m.Name != p.cfg.Name {
+				failed = append(failed, m.Addr)
+			}
+		}
+		if len(failed) == 0 {
+			continue
+		}
+		addr := failed[rand.IntN(len(failed))]
+		if n, err := p.ml.Join([]string{addr}); n > 0 {
+			p.logger.Info("reconnected to a failed member", "address", addr)
+		} else {
+			p.logger.Debug("failed member still unreachable", "address", addr, "error", err)
+		}
+	}
 }
 
 // readPeers is the address list PeersFile holds; none when it is missing or unreadable.
@@ -239,31 +287,40 @@ func (p *Pool) keepPeers() {
 		if !dirty {
 			continue
 		}
-		var addrs []string
-		for _, m := range p.Alive("") {
-			if m.Name != p.cfg.Name {
-				addrs = append(addrs, m.Addr)
-			}
-		}
-		if len(addrs) == 0 {
-			continue // alone: keep what was known, it is the way back
-		}
-		data, _ := json.Marshal(addrs)
-		tmp := p.cfg.PeersFile + ".tmp"
-		err := os.WriteFile(tmp, data, 0o600)
-		if err == nil {
-			err = os.Rename(tmp, p.cfg.PeersFile) // whole or not at all, should the process die mid-write
-		}
-		if err != nil {
+		if err := p.writePeers(); err != nil {
 			p.logger.Warn("remembering the gossip peers", "file", p.cfg.PeersFile, "error", err)
+			p.mu.Lock()
+			p.peersDirty = true // try again next time
+			p.mu.Unlock()
 		}
 	}
+}
+
+// writePeers writes the alive members' addresses to PeersFile, whole or not at all.
+func (p *Pool) writePeers() error {
+	var addrs []string
+	for _, m := range p.Alive("") {
+		if m.Name != p.cfg.Name {
+			addrs = append(addrs, m.Addr)
+		}
+	}
+	if len(addrs) == 0 {
+		return nil // alone: keep what was known, it is the way back
+	}
+	data, err := json.Marshal(addrs)
+	if err != nil {
+		return err
+	}
+	tmp := p.cfg.PeersFile + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p.cfg.PeersFile)
 }
 
 // retryJoin keeps trying the join addresses until at least one other member answers. Servers started in any
 // order find each other this way.
 func (p *Pool) retryJoin() {
-	defer p.wg.Done()
 	for attempt := 1; ; attempt++ {
 		n, err := p.ml.Join(p.joinAddrs)
 		if n > 0 && p.ml.NumMembers() > 1 {

@@ -152,8 +152,40 @@ func TestRejoinThroughRememberedPeers(t *testing.T) {
 }
 
 func TestJoinAddresses(t *testing.T) {
-	got := joinAddresses([]string{"s1:7946", "s2:7946"}, []string{"s2:7946", "me:7946", "a1:7946"}, "me:7946")
-	if want := []string{"s1:7946", "s2:7946", "a1:7946"}; !slices.Equal(got, want) {
-		t.Fatalf("got %v, want %v", got, want)
+	cases := []struct {
+		retryJoin, remembered, want []string
+	}{
+		{[]string{"s1:1", "s2:1"}, []string{"s2:1", "me:1", "a1:1"}, []string{"s1:1", "s2:1", "a1:1"}},
+		{[]string{"s1:1"}, []string{"a1:1", "a2:1", "a3:1", "a4:1", "a5:1"}, []string{"s1:1", "a1:1", "a2:1", "a3:1"}},
+		{[]string{"s1:1"}, nil, []string{"s1:1"}},
 	}
+	for _, tc := range cases {
+		if got := joinAddresses(tc.retryJoin, tc.remembered, "me:1"); !slices.Equal(got, tc.want) {
+			t.Errorf("joinAddresses(%v, %v) = %v, want %v", tc.retryJoin, tc.remembered, got, tc.want)
+		}
+	}
+}
+
+// TestReconnectToFailedMember: a member that saw another fail keeps trying its address, so when it is back
+// (here restarted with nothing to join, as after a partition both sides have forgotten each other) the two
+// find each other again.
+func TestReconnectToFailedMember(t *testing.T) {
+	a, b := freePort(t), freePort(t)
+	start := func(name string, port int, join []string) *Pool {
+		t.Helper()
+		p, err := New(Config{Name: name, BindAddr: "127.0.0.1", BindPort: port, RetryJoin: join, RetryInterval: 50 * time.Millisecond,
+			ReconnectInterval: 200 * time.Millisecond, Local: true, Meta: Meta{Role: RoleAgent}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Shutdown() })
+		return p
+	}
+	pa := start("a", a, nil)
+	pb := start("b", b, []string{fmt.Sprintf("127.0.0.1:%d", a)})
+	waitFor(t, "a to see b", func() bool { return len(pa.Alive("")) == 2 })
+	pb.Shutdown()
+	waitFor(t, "a to see b fail", func() bool { m, _ := pa.Member("b"); return m.Status == StatusDead })
+	again := start("b", b, nil)
+	waitFor(t, "a and the restarted b to reconnect", func() bool { return len(pa.Alive("")) == 2 && len(again.Alive("")) == 2 })
 }

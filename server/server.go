@@ -141,10 +141,10 @@ func (s *Server) Node() *raftnode.Node { return s.node }
 // Pool returns the peer's gossip member.
 func (s *Server) Pool() *gossip.Pool { return s.pool }
 
-// KubeconfigPath is where the peer writes the admin kubeconfig.
 // gossipPeersFile, under the data dir, remembers the gossip members seen, to rejoin through after a restart.
 const gossipPeersFile = "gossip-peers.json"
 
+// KubeconfigPath is where the peer writes the admin kubeconfig.
 func (s *Server) KubeconfigPath() string { return filepath.Join(s.cfg.DataDir, "admin.kubeconfig") }
 
 // Removed is closed when this peer was removed from the cluster; the process should exit.
