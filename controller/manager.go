@@ -65,6 +65,7 @@ var controllers = []struct {
 	{"serviceaccount", runServiceAccountController},
 	{"node-lifecycle", runNodeLifecycle},
 	{"replicaset", runReplicaSetController},
+	{"deployment", runDeploymentController},
 }
 
 // podsByNode names the pod informer's index by spec.nodeName.

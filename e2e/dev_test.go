@@ -148,4 +148,28 @@ func TestDevRunsAPod(t *testing.T) {
 		return nil
 	})
 	mustContain(t, "hello's events", k.ok("describe", "pod", "hello"), "already present on machine", "Started")
+
+	// A Deployment rolls out, rolls forward on a template change and back with `rollout undo`, with the stock
+	// kubectl reading revisions from the controller's annotations.
+	k.ok("create", "deployment", "web", "--image=skiff.local/busybox:1", "--replicas=2", "--", "sleep", "3600")
+	k.ok("rollout", "status", "deployment/web", "--timeout=120s")
+	k.ok("set", "env", "deployment/web", "STAGE=two")
+	k.ok("rollout", "status", "deployment/web", "--timeout=120s")
+	k.ok("rollout", "undo", "deployment/web")
+	k.ok("rollout", "status", "deployment/web", "--timeout=120s")
+	history := k.ok("rollout", "history", "deployment/web")
+	mustContain(t, "rollout history", history, "\n2 ", "\n3 ")
+	if strings.Contains(history, "\n1 ") {
+		t.Fatalf("revision 1 should have become 3 after the undo:\n%s", history)
+	}
+	if env := k.ok("get", "deployment", "web", "-o", "jsonpath={.spec.template.spec.containers[0].env}"); env != "" {
+		t.Fatalf("after the undo the template still has env %s", env)
+	}
+	proctest.WaitFor(t, "two Running web pods", 60*time.Second, func() error {
+		out := k.ok("get", "pods", "-l", "app=web", "--field-selector", "status.phase=Running", "-o", "name")
+		if n := len(strings.Fields(out)); n != 2 {
+			return fmt.Errorf("%d Running", n)
+		}
+		return nil
+	})
 }

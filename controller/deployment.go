@@ -1,0 +1,436 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	appslisters "k8s.io/client-go/listers/apps/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
+)
+
+// deploymentWorkers sync different Deployments in parallel; the queue never hands one key to two.
+const deploymentWorkers = 5
+
+// deploymentKind is what the controller writes in the ownerReferences of its ReplicaSets.
+var deploymentKind = appsv1.SchemeGroupVersion.WithKind("Deployment")
+
+// deploymentController rolls Deployments out through ReplicaSets, one per pod template.
+type deploymentController struct {
+	kube        kubernetes.Interface
+	deployments appslisters.DeploymentLister
+	replicaSets appslisters.ReplicaSetLister
+	pods        corelisters.PodLister
+	queue       workqueue.TypedRateLimitingInterface[string]
+	recorder    record.EventRecorder
+	logger      hclog.Logger
+	now         func() time.Time
+}
+
+// runDeploymentController reconciles Deployments as Kubernetes' Deployment controller does. Informer events
+// for Deployments, their ReplicaSets, and (for Recreate) pod deletes queue the Deployment's key;
+// deploymentWorkers workers take keys from the queue, and each sync goes:
+//  1. a Deployment that is gone: nothing to do (the garbage collector removes its ReplicaSets); one that
+//     selects every pod is refused with an event;
+//  2. claim ReplicaSets: release owned ones the selector no longer matches, adopt matching orphans;
+//  3. a Deployment being deleted only has its status written;
+//  4. record pausing and resuming in the Progressing condition;
+//  5. paused, or spec.replicas changed (a ReplicaSet's desired-replicas annotation differs): resize the
+//     ReplicaSets (proportionally when several are active), keep the revision history within its limit
+//     while paused, and write the status; no rollout progress is made;
+//  6. otherwise roll out by the strategy: find or create the new ReplicaSet (named after the template's
+//     hash, revision one above the old ones'), then
+//     - RollingUpdate: scale the new ReplicaSet up within maxSurge, then the old ones down within
+//     maxUnavailable, the unhealthy replicas first;
+//     - Recreate: scale the old ReplicaSets to zero, wait until none of their pods is left, then scale the
+//     new one up;
+//  7. once complete, delete the oldest zero-sized ReplicaSets beyond revisionHistoryLimit, and write the
+//     status and conditions, looking again at the progress deadline when no progress shows.
+func runDeploymentController(ctx context.Context, c *Clients) {
+	deployments := c.Informers.Apps().V1().Deployments()
+	replicaSets := c.Informers.Apps().V1().ReplicaSets()
+	pods := c.Informers.Core().V1().Pods()
+	recorder := c.Recorder
+	if c.broadcaster != nil {
+		recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "deployment-controller"})
+	}
+	dc := &deploymentController{
+		kube:        c.Kube,
+		deployments: deployments.Lister(),
+		replicaSets: replicaSets.Lister(),
+		pods:        pods.Lister(),
+		queue:       workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
+		recorder:    recorder,
+		logger:      c.Logger.Named("deployment"),
+		now:         time.Now,
+	}
+	defer dc.queue.ShutDown()
+	deployments.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    dc.enqueueObject,
+		UpdateFunc: func(_, cur any) { dc.enqueueObject(cur) },
+		DeleteFunc: dc.enqueueObject,
+	})
+	replicaSets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    dc.replicaSetAdded,
+		UpdateFunc: dc.replicaSetUpdated,
+		DeleteFunc: dc.replicaSetDeleted,
+	})
+	pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: dc.podDeleted})
+	go func() {
+		<-ctx.Done()
+		dc.queue.ShutDown()
+	}()
+	c.Informers.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), deployments.Informer().HasSynced, replicaSets.Informer().HasSynced, pods.Informer().HasSynced) {
+		return
+	}
+	var workers sync.WaitGroup
+	for range deploymentWorkers {
+		workers.Go(func() {
+			for dc.processNext(ctx) {
+			}
+		})
+	}
+	workers.Wait()
+}
+
+// processNext syncs one key from the queue; it returns false once the queue is shut down.
+func (dc *deploymentController) processNext(ctx context.Context) bool {
+	key, quit := dc.queue.Get()
+	if quit {
+		return false
+	}
+	defer dc.queue.Done(key)
+	recheckIn, err := dc.sync(ctx, key)
+	if err != nil && ctx.Err() == nil {
+		if apierrors.IsConflict(err) {
+			// The cache had not caught up with the sync's own last write: routine, and retried.
+			dc.logger.Debug("syncing deployment, retrying", "deployment", key, "error", err)
+		} else {
+			dc.logger.Warn("syncing deployment, retrying", "deployment", key, "error", err)
+		}
+		dc.queue.AddRateLimited(key)
+		return true
+	}
+	dc.queue.Forget(key)
+	if recheckIn > 0 {
+		dc.queue.AddAfter(key, recheckIn)
+	}
+	return true
+}
+
+// Event handlers. Their job is to queue the Deployments whose ReplicaSets (or, for Recreate, pods) changed.
+
+func (dc *deploymentController) enqueueObject(obj any) {
+	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
+		dc.queue.Add(key)
+	}
+}
+
+func (dc *deploymentController) enqueue(d *appsv1.Deployment) {
+	dc.queue.Add(d.Namespace + "/" + d.Name)
+}
+
+func (dc *deploymentController) replicaSetAdded(obj any) {
+	rs := obj.(*appsv1.ReplicaSet)
+	if rs.DeletionTimestamp != nil {
+		// Seen for the first time already going (the informer relisted): for its owner it is gone.
+		dc.replicaSetDeleted(rs)
+		return
+	}
+	if ref := metav1.GetControllerOfNoCopy(rs); ref != nil {
+		if d := dc.owner(rs.Namespace, ref); d != nil {
+			dc.enqueue(d)
+		}
+		return
+	}
+	// An orphan: every Deployment that selects it may adopt it.
+	for _, d := range dc.selecting(rs) {
+		dc.enqueue(d)
+	}
+}
+
+func (dc *deploymentController) replicaSetUpdated(oldObj, newObj any) {
+	old, cur := oldObj.(*appsv1.ReplicaSet), newObj.(*appsv1.ReplicaSet)
+	if old.ResourceVersion == cur.ResourceVersion {
+		return // a resync: nothing changed
+	}
+	oldRef, curRef := metav1.GetControllerOf(old), metav1.GetControllerOf(cur)
+	refChanged := !reflect.DeepEqual(oldRef, curRef)
+	if refChanged && oldRef != nil {
+		if d := dc.owner(old.Namespace, oldRef); d != nil {
+			dc.enqueue(d) // it lost a ReplicaSet
+		}
+	}
+	if curRef != nil {
+		if d := dc.owner(cur.Namespace, curRef); d != nil {
+			dc.enqueue(d)
+		}
+		return
+	}
+	if refChanged || !reflect.DeepEqual(old.Labels, cur.Labels) {
+		for _, d := range dc.selecting(cur) {
+			dc.enqueue(d)
+		}
+	}
+}
+
+func (dc *deploymentController) replicaSetDeleted(obj any) {
+	rs, ok := obj.(*appsv1.ReplicaSet)
+	if !ok {
+		tomb, isTomb := obj.(cache.DeletedFinalStateUnknown)
+		if !isTomb {
+			return
+		}
+		if rs, ok = tomb.Obj.(*appsv1.ReplicaSet); !ok {
+			return
+		}
+	}
+	if ref := metav1.GetControllerOfNoCopy(rs); ref != nil {
+		if d := dc.owner(rs.Namespace, ref); d != nil {
+			dc.enqueue(d)
+		}
+	}
+}
+
+// podDeleted wakes a Recreate Deployment, which waits for its old pods to be gone before it creates new
+// ones: no ReplicaSet event need come when the last one goes.
+func (dc *deploymentController) podDeleted(obj any) {
+	pod, ok := obj.(*corev1.Pod)
+	if !ok {
+		tomb, isTomb := obj.(cache.DeletedFinalStateUnknown)
+		if !isTomb {
+			return
+		}
+		if pod, ok = tomb.Obj.(*corev1.Pod); !ok {
+			return
+		}
+	}
+	ref := metav1.GetControllerOfNoCopy(pod)
+	if ref == nil || ref.Kind != replicaSetKind.Kind {
+		return
+	}
+	rs, err := dc.replicaSets.ReplicaSets(pod.Namespace).Get(ref.Name)
+	if err != nil || rs.UID != ref.UID {
+		return
+	}
+	rsRef := metav1.GetControllerOfNoCopy(rs)
+	if rsRef == nil {
+		return
+	}
+	if d := dc.owner(rs.Namespace, rsRef); d != nil && d.Spec.Strategy.Type == appsv1.RecreateDeploymentStrategyType {
+		dc.enqueue(d)
+	}
+}
+
+// owner returns the cached Deployment a controller reference names, or nil when it names another kind, or
+// a Deployment that no longer exists or was recreated under the same name.
+func (dc *deploymentController) owner(namespace string, ref *metav1.OwnerReference) *appsv1.Deployment {
+	if ref.Kind != deploymentKind.Kind {
+		return nil
+	}
+	d, err := dc.deployments.Deployments(namespace).Get(ref.Name)
+	if err != nil || d.UID != ref.UID {
+		return nil
+	}
+	return d
+}
+
+// selecting lists the Deployments in the ReplicaSet's namespace whose selector matches its labels.
+func (dc *deploymentController) selecting(rs *appsv1.ReplicaSet) []*appsv1.Deployment {
+	all, err := dc.deployments.Deployments(rs.Namespace).List(labels.Everything())
+	if err != nil {
+		return nil
+	}
+	var out []*appsv1.Deployment
+	for _, d := range all {
+		selector, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+		if err != nil || selector.Empty() {
+			continue // an empty selector would match everything; such a Deployment adopts nothing
+		}
+		if selector.Matches(labels.Set(rs.Labels)) {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// sync reconciles one Deployment (the steps are in runDeploymentController's comment). It returns how soon
+// to look again for the progress deadline, or 0.
+func (dc *deploymentController) sync(ctx context.Context, key string) (time.Duration, error) {
+	namespace, name, err := cache.SplitMetaNamespaceKey(key)
+	if err != nil {
+		return 0, nil // not a key this controller made
+	}
+	cached, err := dc.deployments.Deployments(namespace).Get(name)
+	if apierrors.IsNotFound(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	d := cached.DeepCopy() // the cache's copy is shared; the sync changes its own
+	selector, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
+	if err != nil || selector.Empty() {
+		// The API refuses both; should one get through, adopting every ReplicaSet would be worse than
+		// doing nothing.
+		dc.recorder.Eventf(d, corev1.EventTypeWarning, "SelectingAll", "This deployment is selecting all pods. A non-empty selector is required.")
+		if d.Status.ObservedGeneration < d.Generation {
+			d.Status.ObservedGeneration = d.Generation
+			_, err = dc.kube.AppsV1().Deployments(d.Namespace).UpdateStatus(ctx, d, metav1.UpdateOptions{})
+		}
+		return 0, err
+	}
+	if d.Spec.Replicas == nil {
+		one := int32(1) // the API defaults it; be safe with a server that did not
+		d.Spec.Replicas = &one
+	}
+	all, err := dc.replicaSets.ReplicaSets(namespace).List(labels.Everything())
+	if err != nil {
+		return 0, err
+	}
+	rsList, err := dc.claimReplicaSets(ctx, d, selector, all)
+	if err != nil {
+		return 0, err
+	}
+	s := &deploymentSync{dc: dc, d: d, rsList: rsList}
+	if d.DeletionTimestamp != nil {
+		return 0, s.syncStatusOnly(ctx)
+	}
+	if err := s.checkPausedConditions(ctx); err != nil {
+		return 0, err
+	}
+	if d.Spec.Paused {
+		return 0, s.scaleOnly(ctx)
+	}
+	scaling, err := s.isScalingEvent(ctx)
+	if err != nil {
+		return 0, err
+	}
+	if scaling {
+		return 0, s.scaleOnly(ctx)
+	}
+	switch d.Spec.Strategy.Type {
+	case appsv1.RecreateDeploymentStrategyType:
+		podMap, err := dc.podsByReplicaSet(d, selector, rsList)
+		if err != nil {
+			return 0, err
+		}
+		return s.rolloutRecreate(ctx, podMap)
+	case appsv1.RollingUpdateDeploymentStrategyType:
+		return s.rolloutRolling(ctx)
+	}
+	return 0, fmt.Errorf("unexpected deployment strategy type %q", d.Spec.Strategy.Type)
+}
+
+// podsByReplicaSet groups the pods the Deployment selects by the UID of the ReplicaSet (of rsList) that
+// controls them, for Recreate's wait for old pods to be gone. Pods being deleted are counted: they may
+// still run.
+func (dc *deploymentController) podsByReplicaSet(d *appsv1.Deployment, selector labels.Selector, rsList []*appsv1.ReplicaSet) (map[types.UID][]*corev1.Pod, error) {
+	pods, err := dc.pods.Pods(d.Namespace).List(selector)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[types.UID][]*corev1.Pod, len(rsList))
+	for _, rs := range rsList {
+		out[rs.UID] = nil
+	}
+	for _, pod := range pods {
+		ref := metav1.GetControllerOfNoCopy(pod)
+		if ref == nil {
+			continue
+		}
+		if _, ours := out[ref.UID]; ours {
+			out[ref.UID] = append(out[ref.UID], pod)
+		}
+	}
+	return out, nil
+}
+
+// claimReplicaSets returns the ReplicaSets that belong to the Deployment, making ownership agree with the
+// selector on the way, as Kubernetes' ControllerRefManager does: an owned ReplicaSet the selector no
+// longer matches is released, an orphan it matches is adopted, another controller's is left alone. A
+// Deployment being deleted neither adopts nor releases.
+func (dc *deploymentController) claimReplicaSets(ctx context.Context, d *appsv1.Deployment, selector labels.Selector, all []*appsv1.ReplicaSet) ([]*appsv1.ReplicaSet, error) {
+	adoptionChecked := false
+	var adoptionErr error
+	mayAdopt := func() error {
+		// The cache may not show yet that the Deployment was deleted, or deleted and recreated; one live
+		// read before the first adoption keeps a dying Deployment from taking ReplicaSets.
+		if adoptionChecked {
+			return adoptionErr
+		}
+		adoptionChecked = true
+		fresh, err := dc.kube.AppsV1().Deployments(d.Namespace).Get(ctx, d.Name, metav1.GetOptions{})
+		switch {
+		case err != nil:
+			adoptionErr = err
+		case fresh.UID != d.UID:
+			adoptionErr = fmt.Errorf("original Deployment %s/%s is gone: got uid %s, wanted %s", d.Namespace, d.Name, fresh.UID, d.UID)
+		case fresh.DeletionTimestamp != nil:
+			adoptionErr = fmt.Errorf("deployment %s/%s has just been deleted at %v", d.Namespace, d.Name, fresh.DeletionTimestamp)
+		}
+		return adoptionErr
+	}
+	var claimed []*appsv1.ReplicaSet
+	var errs []error
+	for _, rs := range all {
+		matches := selector.Matches(labels.Set(rs.Labels))
+		ref := metav1.GetControllerOfNoCopy(rs)
+		switch {
+		case ref != nil && ref.UID != d.UID:
+			// another controller's
+		case ref != nil && matches:
+			claimed = append(claimed, rs)
+		case ref != nil:
+			if d.DeletionTimestamp == nil {
+				if err := dc.patchOwner(ctx, rs, []map[string]any{{"$patch": "delete", "uid": d.UID}}); err != nil &&
+					!apierrors.IsNotFound(err) && !apierrors.IsInvalid(err) {
+					errs = append(errs, err)
+				}
+			}
+		case !matches || d.DeletionTimestamp != nil || rs.DeletionTimestamp != nil:
+			// an orphan that is not ours to take
+		default:
+			if err := mayAdopt(); err != nil {
+				errs = append(errs, fmt.Errorf("can't adopt ReplicaSet %s/%s (%s): %w", rs.Namespace, rs.Name, rs.UID, err))
+				continue
+			}
+			if err := dc.patchOwner(ctx, rs, []metav1.OwnerReference{*metav1.NewControllerRef(d, deploymentKind)}); err != nil {
+				if !apierrors.IsNotFound(err) {
+					errs = append(errs, err)
+				}
+				continue
+			}
+			claimed = append(claimed, rs)
+		}
+	}
+	return claimed, utilerrors.NewAggregate(errs)
+}
+
+// patchOwner patches the ReplicaSet's ownerReferences. The patch carries the ReplicaSet's UID, so it fails
+// rather than touch one recreated under the same name.
+func (dc *deploymentController) patchOwner(ctx context.Context, rs *appsv1.ReplicaSet, refs any) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": rs.UID, "ownerReferences": refs}})
+	if err != nil {
+		return err
+	}
+	_, err = dc.kube.AppsV1().ReplicaSets(rs.Namespace).Patch(ctx, rs.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+	return err
+}
