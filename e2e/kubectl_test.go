@@ -236,7 +236,26 @@ func TestKubectlAgainstThreeServers(t *testing.T) {
 	k1.ok("delete", "deploy", "made", "-n", "demo", "--cascade=foreground")
 	k2.ok("delete", "deploy", "web", "-n", "demo", "--cascade=orphan")
 	k3.ok("delete", "svc", "web", "-n", "demo", "--cascade=background")
-	mustContain(t, "pods gone", k2.ok("get", "pods", "-n", "demo"), "No resources found")
+	// The orphaned Deployment's ReplicaSets stay, without their owner; the others' are collected.
+	proctest.WaitFor(t, "only web's ReplicaSets left, orphaned", 60*time.Second, func() error {
+		out := strings.TrimSpace(k1.ok("get", "rs", "-n", "demo", "-o", `jsonpath={range .items[*]}{.metadata.name} {.metadata.ownerReferences}{"\n"}{end}`))
+		if out == "" {
+			return fmt.Errorf("no ReplicaSet left: the orphaned ones were deleted")
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if f := strings.Fields(line); len(f) != 1 || !strings.HasPrefix(f[0], "web-") {
+				return fmt.Errorf("ReplicaSet %q", line)
+			}
+		}
+		return nil
+	})
+	k1.ok("delete", "rs", "--all", "-n", "demo")
+	proctest.WaitFor(t, "pods gone", 60*time.Second, func() error {
+		if out := k2.ok("get", "pods", "-n", "demo"); !strings.Contains(out, "No resources found") {
+			return fmt.Errorf("%s", out)
+		}
+		return nil
+	})
 
 	// The garbage collector follows ownerReferences in each propagation mode.
 	dir := t.TempDir()
