@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"reflect"
 	"sync"
@@ -15,7 +14,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	appslisters "k8s.io/client-go/listers/apps/v1"
@@ -363,74 +361,17 @@ func (dc *deploymentController) podsByReplicaSet(d *appsv1.Deployment, selector 
 	return out, nil
 }
 
-// claimReplicaSets returns the ReplicaSets that belong to the Deployment, making ownership agree with the
-// selector on the way, as Kubernetes' ControllerRefManager does: an owned ReplicaSet the selector no
-// longer matches is released, an orphan it matches is adopted, another controller's is left alone. A
-// Deployment being deleted neither adopts nor releases.
+// claimReplicaSets returns the ReplicaSets that belong to the Deployment, adopting and releasing on the way
+// (see claim).
 func (dc *deploymentController) claimReplicaSets(ctx context.Context, d *appsv1.Deployment, selector labels.Selector, all []*appsv1.ReplicaSet) ([]*appsv1.ReplicaSet, error) {
-	adoptionChecked := false
-	var adoptionErr error
-	mayAdopt := func() error {
-		// The cache may not show yet that the Deployment was deleted, or deleted and recreated; one live
-		// read before the first adoption keeps a dying Deployment from taking ReplicaSets.
-		if adoptionChecked {
-			return adoptionErr
-		}
-		adoptionChecked = true
-		fresh, err := dc.kube.AppsV1().Deployments(d.Namespace).Get(ctx, d.Name, metav1.GetOptions{})
-		switch {
-		case err != nil:
-			adoptionErr = err
-		case fresh.UID != d.UID:
-			adoptionErr = fmt.Errorf("original Deployment %s/%s is gone: got uid %s, wanted %s", d.Namespace, d.Name, fresh.UID, d.UID)
-		case fresh.DeletionTimestamp != nil:
-			adoptionErr = fmt.Errorf("deployment %s/%s has just been deleted at %v", d.Namespace, d.Name, fresh.DeletionTimestamp)
-		}
-		return adoptionErr
-	}
-	var claimed []*appsv1.ReplicaSet
-	var errs []error
-	for _, rs := range all {
-		matches := selector.Matches(labels.Set(rs.Labels))
-		ref := metav1.GetControllerOfNoCopy(rs)
-		switch {
-		case ref != nil && ref.UID != d.UID:
-			// another controller's
-		case ref != nil && matches:
-			claimed = append(claimed, rs)
-		case ref != nil:
-			if d.DeletionTimestamp == nil {
-				if err := dc.patchOwner(ctx, rs, []map[string]any{{"$patch": "delete", "uid": d.UID}}); err != nil &&
-					!apierrors.IsNotFound(err) && !apierrors.IsInvalid(err) {
-					errs = append(errs, err)
-				}
-			}
-		case !matches || d.DeletionTimestamp != nil || rs.DeletionTimestamp != nil:
-			// an orphan that is not ours to take
-		default:
-			if err := mayAdopt(); err != nil {
-				errs = append(errs, fmt.Errorf("can't adopt ReplicaSet %s/%s (%s): %w", rs.Namespace, rs.Name, rs.UID, err))
-				continue
-			}
-			if err := dc.patchOwner(ctx, rs, []metav1.OwnerReference{*metav1.NewControllerRef(d, deploymentKind)}); err != nil {
-				if !apierrors.IsNotFound(err) {
-					errs = append(errs, err)
-				}
-				continue
-			}
-			claimed = append(claimed, rs)
-		}
-	}
-	return claimed, utilerrors.NewAggregate(errs)
-}
-
-// patchOwner patches the ReplicaSet's ownerReferences. The patch carries the ReplicaSet's UID, so it fails
-// rather than touch one recreated under the same name.
-func (dc *deploymentController) patchOwner(ctx context.Context, rs *appsv1.ReplicaSet, refs any) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"uid": rs.UID, "ownerReferences": refs}})
-	if err != nil {
-		return err
-	}
-	_, err = dc.kube.AppsV1().ReplicaSets(rs.Namespace).Patch(ctx, rs.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
-	return err
+	return claim(ctx, &claimer{
+		owner: d, ownerKind: deploymentKind, selector: selector, dependentKind: "ReplicaSet",
+		liveOwner: func(ctx context.Context) (metav1.Object, error) {
+			return dc.kube.AppsV1().Deployments(d.Namespace).Get(ctx, d.Name, metav1.GetOptions{})
+		},
+		patch: func(ctx context.Context, namespace, name string, patch []byte) error {
+			_, err := dc.kube.AppsV1().ReplicaSets(namespace).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+			return err
+		},
+	}, all)
 }

@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"reflect"
@@ -18,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
-	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	appslisters "k8s.io/client-go/listers/apps/v1"
@@ -377,99 +375,18 @@ func ownedTerminatingPods(rs *appsv1.ReplicaSet, selector labels.Selector, pods 
 	return out
 }
 
-// claimPods returns the pods that belong to the ReplicaSet, making ownership agree with the selector on the
-// way, as Kubernetes' ControllerRefManager does: an owned pod the selector no longer matches is released;
-// an orphan it matches is adopted. Pods another controller owns are left alone. A ReplicaSet being deleted
-// neither adopts nor releases: its pods are about to be collected.
+// claimPods returns the pods that belong to the ReplicaSet, adopting and releasing on the way (see claim).
 func (r *replicaSetController) claimPods(ctx context.Context, rs *appsv1.ReplicaSet, selector labels.Selector, pods []*corev1.Pod) ([]*corev1.Pod, error) {
-	adoptionChecked := false
-	var adoptionErr error
-	mayAdopt := func() error {
-		// The cache may not show yet that the ReplicaSet was deleted, or deleted and recreated; one live
-		// read before the first adoption keeps a dying ReplicaSet from taking pods it would then leave
-		// to the garbage collector.
-		if adoptionChecked {
-			return adoptionErr
-		}
-		adoptionChecked = true
-		fresh, err := r.kube.AppsV1().ReplicaSets(rs.Namespace).Get(ctx, rs.Name, metav1.GetOptions{})
-		switch {
-		case err != nil:
-			adoptionErr = err
-		case fresh.UID != rs.UID:
-			adoptionErr = fmt.Errorf("original ReplicaSet %s/%s is gone: got uid %s, wanted %s", rs.Namespace, rs.Name, fresh.UID, rs.UID)
-		case fresh.DeletionTimestamp != nil:
-			adoptionErr = fmt.Errorf("ReplicaSet %s/%s has just been deleted at %v", rs.Namespace, rs.Name, fresh.DeletionTimestamp)
-		}
-		return adoptionErr
-	}
-
-	var claimed []*corev1.Pod
-	var errs []error
-	for _, pod := range pods {
-		matches := selector.Matches(labels.Set(pod.Labels))
-		ref := metav1.GetControllerOfNoCopy(pod)
-		switch {
-		case ref != nil && ref.UID != rs.UID:
-			// another controller's
-		case ref != nil && matches:
-			claimed = append(claimed, pod)
-		case ref != nil:
-			if rs.DeletionTimestamp == nil {
-				if err := r.releasePod(ctx, rs, pod); err != nil {
-					errs = append(errs, err)
-				}
-			}
-		case !matches || rs.DeletionTimestamp != nil || pod.DeletionTimestamp != nil:
-			// an orphan that is not ours to take
-		default:
-			if err := mayAdopt(); err != nil {
-				errs = append(errs, fmt.Errorf("can't adopt Pod %s/%s (%s): %w", pod.Namespace, pod.Name, pod.UID, err))
-				continue
-			}
-			if err := r.adoptPod(ctx, rs, pod); err != nil {
-				if !apierrors.IsNotFound(err) {
-					errs = append(errs, err)
-				}
-				continue
-			}
-			claimed = append(claimed, pod)
-		}
-	}
-	return claimed, utilerrors.NewAggregate(errs)
-}
-
-// adoptPod adds the ReplicaSet as the pod's controller. The patch carries the pod's UID, so it fails
-// rather than adopt a pod recreated under the same name; and the API refuses a second controller
-// reference, so two controllers cannot both adopt it.
-func (r *replicaSetController) adoptPod(ctx context.Context, rs *appsv1.ReplicaSet, pod *corev1.Pod) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"uid":             pod.UID,
-		"ownerReferences": []metav1.OwnerReference{*metav1.NewControllerRef(rs, replicaSetKind)},
-	}})
-	if err != nil {
-		return err
-	}
-	_, err = r.kube.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
-	return err
-}
-
-// releasePod removes the ReplicaSet's reference from the pod (by owner UID, leaving any other owner).
-func (r *replicaSetController) releasePod(ctx context.Context, rs *appsv1.ReplicaSet, pod *corev1.Pod) error {
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"uid":             pod.UID,
-		"ownerReferences": []map[string]any{{"$patch": "delete", "uid": rs.UID}},
-	}})
-	if err != nil {
-		return err
-	}
-	_, err = r.kube.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
-	if apierrors.IsNotFound(err) || apierrors.IsInvalid(err) {
-		// Gone, or recreated under the same name (the UID in the patch no longer matches): either way it
-		// is not ours any more.
-		return nil
-	}
-	return err
+	return claim(ctx, &claimer{
+		owner: rs, ownerKind: replicaSetKind, selector: selector, dependentKind: "Pod",
+		liveOwner: func(ctx context.Context) (metav1.Object, error) {
+			return r.kube.AppsV1().ReplicaSets(rs.Namespace).Get(ctx, rs.Name, metav1.GetOptions{})
+		},
+		patch: func(ctx context.Context, namespace, name string, patch []byte) error {
+			_, err := r.kube.CoreV1().Pods(namespace).Patch(ctx, name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
+			return err
+		},
+	}, pods)
 }
 
 // manageReplicas creates or deletes pods to bring the active ones to spec.replicas, at most burstReplicas
