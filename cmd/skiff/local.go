@@ -19,7 +19,8 @@ import (
 // runLocal is `skiff local up|down|status`: an HA cluster of network-namespace hosts on this machine.
 func runLocal(args []string) int {
 	if len(args) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: skiff local up|down|status [--dir .skiff] [--servers 3 --agents 2 --runtime containerd --images DIR]")
+		fmt.Fprintln(os.Stderr, "usage: skiff local up|down|status [--dir .skiff] [--servers 3 --agents 2 --runtime containerd --images DIR]\n"+
+			"       skiff local kill|start|partition|heal [--dir .skiff] HOST...")
 		return 2
 	}
 	fs := flag.NewFlagSet("local "+args[0], flag.ContinueOnError)
@@ -62,6 +63,8 @@ func runLocal(args []string) int {
 			return 1
 		}
 		return 0
+	case "kill", "start", "partition", "heal":
+		return localHostAction(args[0], mustAbs(*dir), fs.Args())
 	}
 	fmt.Fprintf(os.Stderr, "skiff local: unknown subcommand %q\n", args[0])
 	return 2
@@ -118,4 +121,42 @@ func waitForNodes(ctx context.Context, kubeconfig string, agents int) error {
 		case <-time.After(time.Second):
 		}
 	}
+}
+
+// localHostAction is `skiff local kill|start|partition|heal HOST...`: kill -9 a host's process, start it
+// again, cut a host off from every other host of the cluster (DROP rules in its namespace, both ways), or
+// remove those rules.
+func localHostAction(action, dir string, hosts []string) int {
+	if len(hosts) == 0 {
+		fmt.Fprintf(os.Stderr, "skiff local %s: name at least one host (see skiff local status)\n", action)
+		return 2
+	}
+	st, err := localcluster.Load(dir)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	for _, name := range hosts {
+		var others []string
+		for _, h := range st.Hosts {
+			if h.Name != name {
+				others = append(others, h.IP)
+			}
+		}
+		switch action {
+		case "kill":
+			err = st.Kill(name)
+		case "start":
+			err = st.Start(dir, name)
+		case "partition":
+			err = st.Partition(name, others)
+		case "heal":
+			err = st.Heal(name, others)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "skiff local %s %s: %v\n", action, name, err)
+			return 1
+		}
+	}
+	return 0
 }
