@@ -72,6 +72,10 @@ func TestLocalHACluster(t *testing.T) {
 	k := kubectl{t: t, kubeconfig: st.Kubeconfig(dir)}
 	k.waitNodeHealth("agent-1", "True/", 60*time.Second)
 	k.waitNodeHealth("agent-2", "True/", 60*time.Second)
+	// <dir>/kubeconfig has a context per server.
+	all := kubectl{t: t, kubeconfig: localcluster.ClusterKubeconfig(dir)}
+	mustContain(t, "contexts", all.ok("config", "get-contexts", "-o", "name"), "server-1", "server-2", "server-3")
+	mustContain(t, "nodes through server-3", all.ok("--context", "server-3", "get", "nodes"), "agent-1", "agent-2")
 
 	// Pods on different hosts reach each other: busybox httpd on agent-1, wget from agent-2.
 	applyYAML(t, k, `apiVersion: v1

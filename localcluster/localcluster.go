@@ -22,6 +22,9 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
 	"github.com/skiff-dev/skiff/internal/images"
 )
 
@@ -97,6 +100,45 @@ type State struct {
 	// GossipKey encrypts the gossip pool (every HCL's `encrypt`), as a production cluster should.
 	GossipKey string `json:"gossip_key"`
 	Hosts     []Host `json:"hosts"`
+}
+
+// ClusterKubeconfig is <dir>/kubeconfig, written by WriteClusterKubeconfig.
+func ClusterKubeconfig(dir string) string { return filepath.Join(dir, "kubeconfig") }
+
+// WriteClusterKubeconfig writes ClusterKubeconfig: one context per server, named after its host, with the
+// admin credentials each server wrote into its data dir; the first server's is current. It waits (until ctx
+// ends) for a server that has not written its admin kubeconfig yet.
+func (s *State) WriteClusterKubeconfig(ctx context.Context, dir string) error {
+	merged := clientcmdapi.NewConfig()
+	for _, h := range s.Hosts {
+		if h.Role != "server" {
+			continue
+		}
+		path := filepath.Join(dir, h.Name, "data", "admin.kubeconfig")
+		var cfg *clientcmdapi.Config
+		for {
+			var err error
+			if cfg, err = clientcmd.LoadFromFile(path); err == nil {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%s: %w (%v)", path, ctx.Err(), err)
+			case <-time.After(200 * time.Millisecond):
+			}
+		}
+		current, ok := cfg.Contexts[cfg.CurrentContext]
+		if !ok || cfg.Clusters[current.Cluster] == nil || cfg.AuthInfos[current.AuthInfo] == nil {
+			return fmt.Errorf("%s has no usable current context", path)
+		}
+		merged.Clusters[h.Name] = cfg.Clusters[current.Cluster]
+		merged.AuthInfos[h.Name] = cfg.AuthInfos[current.AuthInfo]
+		merged.Contexts[h.Name] = &clientcmdapi.Context{Cluster: h.Name, AuthInfo: h.Name}
+		if merged.CurrentContext == "" {
+			merged.CurrentContext = h.Name
+		}
+	}
+	return clientcmd.WriteToFile(*merged, ClusterKubeconfig(dir))
 }
 
 // Kubeconfig is the admin kubeconfig of the first server.

@@ -46,8 +46,13 @@ func runLocal(args []string) int {
 			fmt.Fprintf(os.Stderr, "skiff local up: the cluster did not come up: %v (logs in %s)\n", err, *dir)
 			return 1
 		}
+		if err := st.WriteClusterKubeconfig(ctx, mustAbs(*dir)); err != nil {
+			fmt.Fprintf(os.Stderr, "skiff local up: writing the kubeconfig: %v\n", err)
+			return 1
+		}
 		printLocal(st)
-		fmt.Printf("\nexport KUBECONFIG=%s\nkubectl get nodes\n", kubeconfig)
+		fmt.Printf("\nexport KUBECONFIG=%s\nkubectl get nodes\n# every server has a context: kubectl --context server-2 get nodes\n",
+			localcluster.ClusterKubeconfig(mustAbs(*dir)))
 		return 0
 	case "status":
 		st, err := localcluster.Load(*dir)
