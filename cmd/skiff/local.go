@@ -61,6 +61,7 @@ func runLocal(args []string) int {
 			return 1
 		}
 		printLocal(st)
+		printClusterStatus(st, mustAbs(*dir))
 		return 0
 	case "down":
 		if err := localcluster.Down(*dir); err != nil {
@@ -164,4 +165,52 @@ func localHostAction(action, dir string, hosts []string) int {
 		}
 	}
 	return 0
+}
+
+// printClusterStatus prints the Raft leader (the kube-system/skiff-leader Lease) and each Node's readiness,
+// asking the servers in turn until one answers.
+func printClusterStatus(st *localcluster.State, dir string) {
+	var last error
+	for _, h := range st.Hosts {
+		if h.Role != "server" {
+			continue
+		}
+		cfg, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(
+			&clientcmd.ClientConfigLoadingRules{ExplicitPath: localcluster.ClusterKubeconfig(dir)},
+			&clientcmd.ConfigOverrides{CurrentContext: h.Name}).ClientConfig()
+		if err != nil {
+			last = err
+			continue
+		}
+		cfg.Timeout = 3 * time.Second
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			last = err
+			continue
+		}
+		ctx := context.Background()
+		nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			last = err
+			continue
+		}
+		leader := "none"
+		if lease, err := client.CoordinationV1().Leases("kube-system").Get(ctx, "skiff-leader", metav1.GetOptions{}); err == nil && lease.Spec.HolderIdentity != nil {
+			leader = *lease.Spec.HolderIdentity
+		}
+		fmt.Printf("\nleader: %s (asked %s)\n", leader, h.Name)
+		var rows [][]string
+		for _, n := range nodes.Items {
+			ready := "Unknown"
+			for _, c := range n.Status.Conditions {
+				if c.Type == corev1.NodeReady {
+					ready = string(c.Status)
+				}
+			}
+			rows = append(rows, []string{n.Name, ready})
+		}
+		table("NODE\tREADY", rows)
+		return
+	}
+	fmt.Printf("\nno server answered: %v\n", last)
 }
