@@ -9,6 +9,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/authentication/group"
 	"k8s.io/apiserver/pkg/authentication/request/bearertoken"
 	"k8s.io/apiserver/pkg/authentication/request/union"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -20,24 +21,29 @@ import (
 // adminUser is who the admin token authenticates as: a member of system:masters, as kubeadm's admin is.
 const adminUser = "skiff-admin"
 
-// requestAuthenticator authenticates the cluster's admin bearer token and node agents' join tokens; a
-// request without credentials is anonymous, and a request with a wrong token is refused (401), as
-// kube-apiserver does. Later issues add client certificates and service account tokens to the union.
-func requestAuthenticator(adminToken string, joinToken func() string) authenticator.Request {
+// requestAuthenticator authenticates the cluster's admin bearer token, node agents' join tokens and service
+// account tokens; a request without credentials is anonymous, and a request with a wrong token is refused
+// (401), as kube-apiserver does. A later issue adds client certificates to the union.
+func requestAuthenticator(adminToken string, joinToken func() string, saTokens *serviceAccountTokens) authenticator.Request {
 	anonymous := authenticator.RequestFunc(func(*http.Request) (*authenticator.Response, bool, error) {
 		return &authenticator.Response{User: &user.DefaultInfo{Name: user.Anonymous, Groups: []string{user.AllUnauthenticated}}}, true, nil
 	})
-	return union.NewFailOnError(tokenAuthenticator(adminToken, joinToken), anonymous)
+	// Every authenticated user is in system:authenticated, added as kube-apiserver adds it.
+	return union.NewFailOnError(group.NewAuthenticatedGroupAdder(tokenAuthenticator(adminToken, joinToken, saTokens)), anonymous)
 }
 
 // tokenAuthenticator maps the admin token to a system:masters user, and an agent's "node:<name>:<join
-// token>" to system:node:<name> in system:nodes, as kubelets are known in Kubernetes.
-func tokenAuthenticator(adminToken string, joinToken func() string) authenticator.Request {
+// token>" to system:node:<name> in system:nodes, as kubelets are known in Kubernetes, and a service account
+// token to system:serviceaccount:<namespace>:<name>.
+func tokenAuthenticator(adminToken string, joinToken func() string, saTokens *serviceAccountTokens) authenticator.Request {
 	return bearertoken.New(authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 		if subtle.ConstantTimeCompare([]byte(token), []byte(adminToken)) == 1 {
 			return &authenticator.Response{User: &user.DefaultInfo{
 				Name: adminUser, Groups: []string{user.SystemPrivilegedGroup, user.AllAuthenticated},
 			}}, true, nil
+		}
+		if resp, ok, err := saTokens.authenticate(ctx, token); ok || err != nil {
+			return resp, ok, err
 		}
 		node, secret, ok := join.ParseBearerToken(token)
 		if !ok || joinToken == nil {

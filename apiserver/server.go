@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"fmt"
 	"net"
 	"net/http"
@@ -9,11 +10,13 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/namespace/lifecycle"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
+	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	"k8s.io/apiserver/pkg/registry/rest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
@@ -39,6 +42,9 @@ type Config struct {
 	AdminToken string
 	// JoinToken returns the token node agents join with; agents are refused while it returns "".
 	JoinToken func() string
+	// ServiceAccountKey returns the key service account tokens are signed with; while it fails, the
+	// TokenRequest API answers 503 and no such token is accepted.
+	ServiceAccountKey func() (*ecdsa.PrivateKey, error)
 	// Handlers are mounted beside the API (operator endpoints); they run behind authentication. A path ending
 	// in "/" is a prefix. A "/metrics" handler replaces the library's.
 	Handlers map[string]http.Handler
@@ -102,7 +108,8 @@ func New(c Config) (*Server, error) {
 	if cfg.LoopbackClientConfig, err = cfg.SecureServing.NewLoopbackClientConfig(uuid.NewString(), loopbackCert); err != nil {
 		return nil, err
 	}
-	cfg.Authentication.Authenticator = requestAuthenticator(c.AdminToken, c.JoinToken)
+	saTokens := &serviceAccountTokens{key: c.ServiceAccountKey, now: time.Now, stores: map[string]*genericregistry.Store{}}
+	cfg.Authentication.Authenticator = requestAuthenticator(c.AdminToken, c.JoinToken, saTokens)
 	cfg.Authorization.Authorizer = authenticatedAuthorizer
 	genericapiserver.AuthorizeClientBearerToken(cfg.LoopbackClientConfig, &cfg.Authentication, &cfg.Authorization)
 
@@ -147,7 +154,7 @@ func New(c Config) (*Server, error) {
 	}
 	getter := cfg.RESTOptionsGetter.(*restOptionsGetter)
 	getter.eventTTL = c.EventTTL
-	if err := installAPIs(generic, getter, cidr, clusterCIDR); err != nil {
+	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens); err != nil {
 		return nil, err
 	}
 	for path, h := range c.Handlers {
@@ -177,7 +184,7 @@ func admissionChain(client kubernetes.Interface, factory informers.SharedInforme
 }
 
 // installAPIs installs every kind of the registry table, grouped by API group.
-func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet) error {
+func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet, saTokens *serviceAccountTokens) error {
 	groups := map[string]*genericapiserver.APIGroupInfo{}
 	var order []string
 	stores := map[string]*resource{}
@@ -211,6 +218,16 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 	nodes := &nodeREST{resource: stores["nodes"], cidr: clusterCIDR, backend: getter.backend}
 	nodes.Store.AfterDelete = nodes.releaseAfterDelete
 	groups[""].VersionedResourcesStorageMap["v1"]["nodes"] = nodes
+	// Service account tokens look up the account and the objects they are bound to.
+	for kind, resource := range map[string]string{"ServiceAccount": "serviceaccounts", "Pod": "pods", "Secret": "secrets", "Node": "nodes"} {
+		saTokens.stores[kind] = stores[resource].Store
+	}
+	groups[""].VersionedResourcesStorageMap["v1"]["serviceaccounts/token"] = &tokenRequestREST{tokens: saTokens}
+	// authentication.k8s.io holds no stored kind, only SelfSubjectReviews.
+	auth := genericapiserver.NewDefaultAPIGroupInfo(authenticationv1.GroupName, Scheme, ParameterCodec, Codecs)
+	auth.VersionedResourcesStorageMap["v1"] = map[string]rest.Storage{"selfsubjectreviews": selfSubjectReviewREST{}}
+	groups[authenticationv1.GroupName] = &auth
+	order = append(order, authenticationv1.GroupName)
 	for _, group := range order {
 		info := groups[group]
 		if group == "" {

@@ -205,6 +205,21 @@ func TestKubectlAgainstThreeServers(t *testing.T) {
 	mustContain(t, "events.k8s.io", k3.ok("get", "events.v1.events.k8s.io", "bare.manual", "-n", "demo", "-o", "yaml"),
 		"apiVersion: events.k8s.io/v1", "note: an event recorded by the e2e test", "regarding:")
 
+	// A service account token from one peer is accepted by another, as the account's identity.
+	k1.ok("create", "serviceaccount", "robot", "-n", "demo")
+	token := strings.TrimSpace(k1.ok("create", "token", "robot", "-n", "demo", "--duration", "15m"))
+	mustContain(t, "whoami with a service account token", k3.ok("--token", token, "auth", "whoami"),
+		"system:serviceaccount:demo:robot", "system:serviceaccounts:demo", "system:authenticated")
+	mustContain(t, "get with a service account token", k2.ok("--token", token, "get", "pod", "bare", "-n", "demo"), "bare")
+	mustContain(t, "a too short token", k2.fails("create", "token", "robot", "-n", "demo", "--duration", "5m"), "spec.expirationSeconds")
+	k1.ok("delete", "serviceaccount", "robot", "-n", "demo")
+	proctest.WaitFor(t, "the deleted account's token refused", 10*time.Second, func() error {
+		if out, err := k2.run("--token", token, "get", "pod", "bare", "-n", "demo"); err == nil || !strings.Contains(out, "Unauthorized") {
+			return fmt.Errorf("still accepted: %v %s", err, out)
+		}
+		return nil
+	})
+
 	// Discovery and generators.
 	mustContain(t, "explain", k1.ok("explain", "deployment.spec.replicas"), "replicas")
 	mustContain(t, "api-resources", k2.ok("api-resources"), "pods", "deployments", "leases", "endpointslices")

@@ -28,6 +28,8 @@ const (
 	adminTokenKey = "/skiff/admin/token"      // bearer token of the admin kubeconfig
 	clusterCAKey  = "/skiff/pki/ca"           // PEM certificate then PEM EC private key of the cluster CA
 	joinTokenKey  = "/skiff/agent/join-token" // the token node agents join with
+	// serviceAccountKeyKey holds the PEM EC private key that service account tokens are signed with.
+	serviceAccountKeyKey = "/skiff/pki/service-account-key"
 )
 
 // ensureClusterSecrets is a leader service: it creates the cluster CA, the admin token and the join token if
@@ -40,7 +42,7 @@ func (s *Server) ensureClusterSecrets(ctx context.Context) {
 	for _, secret := range []struct {
 		key  string
 		make func() ([]byte, error)
-	}{{clusterCAKey, newCA}, {adminTokenKey, newToken}, {joinTokenKey, joinToken}} {
+	}{{clusterCAKey, newCA}, {adminTokenKey, newToken}, {joinTokenKey, joinToken}, {serviceAccountKeyKey, newServiceAccountKey}} {
 		if _, _, err := s.node.Store().Get(secret.key); err == nil {
 			continue
 		}
@@ -65,6 +67,40 @@ func newToken() ([]byte, error) {
 		return nil, err
 	}
 	return []byte(hex.EncodeToString(buf)), nil
+}
+
+func newServiceAccountKey() ([]byte, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, err
+	}
+	der, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, err
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+}
+
+// serviceAccountKey returns the key service account tokens are signed with, once it has replicated here.
+func (s *Server) serviceAccountKey() (*ecdsa.PrivateKey, error) {
+	kv, _, err := s.node.Store().Get(serviceAccountKeyKey)
+	if err != nil {
+		return nil, err
+	}
+	s.saKeyMu.Lock()
+	defer s.saKeyMu.Unlock()
+	if s.saKey == nil || !bytes.Equal(s.saKeyPEM, kv.Value) {
+		block, _ := pem.Decode(kv.Value)
+		if block == nil {
+			return nil, errors.New("service account key in the store is not PEM")
+		}
+		key, err := x509.ParseECPrivateKey(block.Bytes)
+		if err != nil {
+			return nil, err
+		}
+		s.saKey, s.saKeyPEM = key, kv.Value
+	}
+	return s.saKey, nil
 }
 
 func newCA() ([]byte, error) {

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/ecdsa"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/base64"
@@ -37,6 +38,11 @@ type Server struct {
 	http   *http.Server
 	ln     net.Listener
 	reg    *prometheus.Registry
+
+	// saKey is the parsed service account signing key, kept while the stored PEM is unchanged.
+	saKeyMu  sync.Mutex
+	saKey    *ecdsa.PrivateKey
+	saKeyPEM []byte
 
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -227,7 +233,7 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	api, err := apiserver.New(apiserver.Config{
-		Backend: s.node, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM, AdminToken: token, JoinToken: s.joinToken,
+		Backend: s.node, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM, AdminToken: token, JoinToken: s.joinToken, ServiceAccountKey: s.serviceAccountKey,
 		Handlers: map[string]http.Handler{
 			"/v1/operator/": s.operatorRoutes(), "/metrics": s.metricsHandler(), join.CAPath: s.caForAgents(caPEM),
 		},

@@ -1,0 +1,47 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+)
+
+var profileDir = flag.String("bench.profile-dir", "", "if set, write a CPU profile of each server, taken while the measured phase runs, into this directory")
+
+// profileServers starts CPU profiles of every server (the library's /debug/pprof endpoint) for the given
+// duration and returns a function that waits for them and writes them as <dir>/<name>-server-<i>.pprof. It
+// does nothing without -bench.profile-dir.
+func profileServers(b *testing.B, clients []kubernetes.Interface, name string, d time.Duration) (wait func()) {
+	if *profileDir == "" {
+		return func() {}
+	}
+	if err := os.MkdirAll(*profileDir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	for i, client := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			data, err := client.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+				Param("seconds", strconv.Itoa(int(d.Seconds()))).Timeout(d + 30*time.Second).DoRaw(context.Background())
+			if err != nil {
+				b.Logf("profile of server %d: %v", i+1, err)
+				return
+			}
+			path := filepath.Join(*profileDir, fmt.Sprintf("%s-server-%d.pprof", name, i+1))
+			if err := os.WriteFile(path, data, 0o644); err != nil {
+				b.Logf("profile of server %d: %v", i+1, err)
+			}
+		}()
+	}
+	return wg.Wait
+}
