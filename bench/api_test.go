@@ -127,11 +127,13 @@ func BenchmarkAPI(b *testing.B) {
 	n := b.N
 	b.ResetTimer()
 	profiled := profileServers(b, clients, "api-creates", 5*time.Second)
+	apiCPU := startCPU(b, c)
 	apiRate, apiP50, apiP99 := run(b, conc, n, func(w, i int) error {
 		_, err := clients[w%3].CoreV1().Pods("bench").Create(ctx, benchPod(fmt.Sprintf("p-%06d", i)), metav1.CreateOptions{})
 		return err
 	})
 	b.StopTimer()
+	apiClientMs, apiServersMs := apiCPU.perOp(n)
 	profiled()
 	// The same number of raw store writes of the pods' stored size, through the same peers.
 	stored, _ := clients[0].CoreV1().Pods("bench").Get(ctx, "p-000000", metav1.GetOptions{})
@@ -141,6 +143,7 @@ func BenchmarkAPI(b *testing.B) {
 		raw[i] = raftnode.NewClient(p.RaftAddr, nil)
 		defer raw[i].Close()
 	}
+	rawCPU := startCPU(b, c)
 	rawRate, rawP50, rawP99 := run(b, conc, n, func(w, i int) error {
 		res, err := raw[w%3].Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: fmt.Sprintf("/bench/raw/%06d", i), Value: value})
 		if err == nil {
@@ -148,12 +151,18 @@ func BenchmarkAPI(b *testing.B) {
 		}
 		return err
 	})
+	rawClientMs, rawServersMs := rawCPU.perOp(n)
 	b.ReportMetric(apiRate, "pod-creates/s")
 	b.ReportMetric(ms(apiP50), "create-p50-ms")
 	b.ReportMetric(ms(apiP99), "create-p99-ms")
 	b.ReportMetric(rawRate, "raw-writes/s")
 	b.ReportMetric(apiRate/rawRate, "api/raw")
 	b.Logf("raw store writes of %d bytes: %.0f/s, p50 %.2f ms, p99 %.2f ms", len(value), rawRate, ms(rawP50), ms(rawP99))
+	// CPU per operation: on a machine where the clients and the servers share the cores, the rates follow it.
+	b.ReportMetric(apiServersMs, "create-server-cpu-ms")
+	b.ReportMetric(apiClientMs, "create-client-cpu-ms")
+	b.ReportMetric(rawServersMs, "raw-server-cpu-ms")
+	b.ReportMetric(rawClientMs, "raw-client-cpu-ms")
 
 	// Grow to the list size for the list measurement.
 	if n < *listPods {

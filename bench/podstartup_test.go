@@ -251,17 +251,26 @@ agent {
 	return a
 }
 
+// cpuTicks is the CPU time a process has used so far, in clock ticks (USER_HZ, 100 a second on Linux).
+func cpuTicks(pid int) (int64, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return utime + stime, nil
+}
+
 // processUsage is a process's CPU use (in CPUs) over the window, and its resident memory at the end.
 func processUsage(b *testing.B, pid int, window time.Duration) (float64, int64) {
 	ticks := func() int64 {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		t, err := cpuTicks(pid)
 		if err != nil {
 			b.Fatal(err)
 		}
-		f := strings.Fields(string(data[strings.LastIndexByte(string(data), ')')+2:]))
-		utime, _ := strconv.ParseInt(f[11], 10, 64)
-		stime, _ := strconv.ParseInt(f[12], 10, 64)
-		return utime + stime
+		return t
 	}
 	t0, c0 := time.Now(), ticks()
 	time.Sleep(window)

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/skiff-dev/skiff/internal/proctest"
 )
 
 var profileDir = flag.String("bench.profile-dir", "", "if set, write a CPU profile of each server, taken while the measured phase runs, into this directory")
@@ -44,4 +46,43 @@ func profileServers(b *testing.B, clients []kubernetes.Interface, name string, d
 		}()
 	}
 	return wg.Wait
+}
+
+// cpuMeter reads the CPU time used by the benchmark process (the clients) and by the servers, so that a
+// phase's cost per operation can be reported beside its rate.
+type cpuMeter struct {
+	b       *testing.B
+	pids    []int
+	client  int64 // ticks at start
+	servers int64
+}
+
+func startCPU(b *testing.B, c *proctest.Cluster) *cpuMeter {
+	m := &cpuMeter{b: b}
+	for _, p := range c.Procs {
+		m.pids = append(m.pids, p.PID())
+	}
+	m.client, m.servers = m.read()
+	return m
+}
+
+func (m *cpuMeter) read() (client, servers int64) {
+	client, err := cpuTicks(os.Getpid())
+	if err != nil {
+		m.b.Fatal(err)
+	}
+	for _, pid := range m.pids {
+		t, err := cpuTicks(pid)
+		if err != nil {
+			m.b.Fatal(err)
+		}
+		servers += t
+	}
+	return client, servers
+}
+
+// perOp returns the client's and the servers' CPU milliseconds per operation since the meter started.
+func (m *cpuMeter) perOp(ops int) (clientMs, serversMs float64) {
+	client, servers := m.read()
+	return float64(client-m.client) * 10 / float64(ops), float64(servers-m.servers) * 10 / float64(ops)
 }

@@ -73,13 +73,22 @@ func BenchmarkScheduler(b *testing.B) {
 		if _, err := clients[0].CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			b.Fatal(err)
 		}
+		cpu := startCPU(b, c)
+		profiled := profileServers(b, clients, row.name, 10*time.Second)
 		rate, p50, p99 := measureBinding(b, clients, ns, row.pods, row.pod)
+		clientMs, serversMs := cpu.perOp(row.pods)
+		profiled()
 		b.ReportMetric(rate, row.name+"-pods-bound/s")
+		b.ReportMetric(serversMs, row.name+"-server-cpu-ms/pod")
+		b.ReportMetric(clientMs, row.name+"-client-cpu-ms/pod")
 		b.ReportMetric(ms(p99), row.name+"-p99-ms")
 		b.Logf("%s: %d pods bound at %.0f/s, create-to-bound p50 %.0f ms, p99 %.0f ms", row.name, row.pods, rate, ms(p50), ms(p99))
 		if row.name == "plain" {
+			cpu := startCPU(b, c)
 			rawRate := rawWrites(b, row.pods, c.Procs[0].RaftAddr, c.Procs[1].RaftAddr, c.Procs[2].RaftAddr)
+			rawClientMs, rawServersMs := cpu.perOp(row.pods)
 			b.ReportMetric(rawRate, "raw-writes/s")
+			b.ReportMetric(rawServersMs+rawClientMs, "raw-cpu-ms/write")
 			b.ReportMetric(rate/rawRate, "bound/raw")
 			b.Logf("raw store writes in the same run: %.0f/s; scheduling/raw %.2f", rawRate, rate/rawRate)
 		}

@@ -6,6 +6,8 @@ import (
 	"sync"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -18,7 +20,13 @@ type Cache struct {
 	sorted     []*NodeInfo // the nodes whose Node object is known, by name; nil when it must be rebuilt
 	pods       map[types.UID]*cachedPod
 	imageNodes map[string]int // normalized image -> number of nodes that have it
+	// byLabel indexes the pods by each of their labels, so that affinity and spread terms look at the pods
+	// their selector can match instead of at every pod in the cluster.
+	byLabel map[labelPair]map[types.UID]*cachedPod
 }
+
+// labelPair is one label of a pod: its key and value.
+type labelPair struct{ key, value string }
 
 type cachedPod struct {
 	info    *PodInfo
@@ -28,7 +36,7 @@ type cachedPod struct {
 
 // NewCache returns an empty cache.
 func NewCache() *Cache {
-	return &Cache{nodes: map[string]*NodeInfo{}, pods: map[types.UID]*cachedPod{}, imageNodes: map[string]int{}}
+	return &Cache{nodes: map[string]*NodeInfo{}, pods: map[types.UID]*cachedPod{}, imageNodes: map[string]int{}, byLabel: map[labelPair]map[types.UID]*cachedPod{}}
 }
 
 func (c *Cache) nodeInfo(name string) *NodeInfo {
@@ -118,7 +126,16 @@ func (c *Cache) Forget(uid types.UID) {
 
 func (c *Cache) addPodLocked(info *PodInfo, node string, assumed bool) {
 	c.nodeInfo(node).addPod(info)
-	c.pods[info.Pod.UID] = &cachedPod{info: info, node: node, assumed: assumed}
+	cp := &cachedPod{info: info, node: node, assumed: assumed}
+	c.pods[info.Pod.UID] = cp
+	for k, v := range info.Pod.Labels {
+		pods := c.byLabel[labelPair{k, v}]
+		if pods == nil {
+			pods = map[types.UID]*cachedPod{}
+			c.byLabel[labelPair{k, v}] = pods
+		}
+		pods[info.Pod.UID] = cp
+	}
 }
 
 func (c *Cache) removePodLocked(uid types.UID) {
@@ -127,6 +144,13 @@ func (c *Cache) removePodLocked(uid types.UID) {
 		return
 	}
 	delete(c.pods, uid)
+	for k, v := range p.info.Pod.Labels {
+		if pods := c.byLabel[labelPair{k, v}]; pods != nil {
+			if delete(pods, uid); len(pods) == 0 {
+				delete(c.byLabel, labelPair{k, v})
+			}
+		}
+	}
 	if n, ok := c.nodes[p.node]; ok {
 		n.removePod(uid)
 		if n.Node == nil && len(n.Pods) == 0 {
@@ -168,6 +192,50 @@ func (c *Cache) Snapshot() *Snapshot {
 
 // Release ends the snapshot.
 func (s *Snapshot) Release() { s.c.mu.RUnlock() }
+
+// podOnNode is a pod of the cache and the node it is bound or assumed to.
+type podOnNode struct {
+	info *PodInfo
+	node *NodeInfo
+}
+
+// candidates returns the pods on known nodes that sel may match: through the label index, those carrying a
+// value that one of sel's equality (=, ==, in) requirements accepts, for the requirement with the fewest such
+// pods. They still have to be matched against the whole selector. ok is false when sel has no equality
+// requirement, and every pod must be examined.
+func (s *Snapshot) candidates(sel labels.Selector) (pods []podOnNode, ok bool) {
+	reqs, selectable := sel.Requirements()
+	if !selectable {
+		return nil, true // labels.Nothing()
+	}
+	best, bestCount := -1, 0
+	for i, r := range reqs {
+		switch r.Operator() {
+		case selection.Equals, selection.DoubleEquals, selection.In:
+		default:
+			continue
+		}
+		count := 0
+		for v := range r.Values() {
+			count += len(s.c.byLabel[labelPair{r.Key(), v}])
+		}
+		if best < 0 || count < bestCount {
+			best, bestCount = i, count
+		}
+	}
+	if best < 0 {
+		return nil, false
+	}
+	pods = make([]podOnNode, 0, bestCount)
+	for v := range reqs[best].Values() {
+		for _, p := range s.c.byLabel[labelPair{reqs[best].Key(), v}] {
+			if n, ok := s.c.nodes[p.node]; ok && n.Node != nil {
+				pods = append(pods, podOnNode{info: p.info, node: n})
+			}
+		}
+	}
+	return pods, true
+}
 
 // Node returns a node by name, or nil.
 func (s *Snapshot) Node(name string) *NodeInfo {

@@ -113,8 +113,16 @@ type CycleState struct {
 	NodeCount  int
 	ImageNodes map[string]int
 	allNodes   []*NodeInfo
-	nominated  map[string][]*PodInfo // pods nominated to each node ahead of this one
-	data       map[string]any
+	// podIndex finds the pods a selector may match (the cache's label index); nil when the nodes are
+	// what-if copies (preemption), and plugins look at every pod of allNodes instead.
+	podIndex  podIndex
+	nominated map[string][]*PodInfo // pods nominated to each node ahead of this one
+	data      map[string]any
+}
+
+// podIndex finds the pods that a selector may match; see Snapshot.candidates.
+type podIndex interface {
+	candidates(sel labels.Selector) ([]podOnNode, bool)
 }
 
 // NewCycleState returns the state for scheduling one pod.

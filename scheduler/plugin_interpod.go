@@ -38,6 +38,9 @@ func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *c
 	// Scratch space reused from node to node.
 	var affinityPairs, antiPairs []topologyPair
 	var antiTerms []*AffinityTerm
+	// The new pod's own terms look at the pods their selectors can match, through the cache's label index;
+	// without it (or for selectors it cannot serve) at every pod, node by node, below.
+	indexed := state.podIndex != nil && s.countIndexed(state)
 	for _, n := range nodes {
 		// Symmetry: only the pods with required anti-affinity need a look.
 		for _, existing := range n.PodsWithRequiredAnti {
@@ -51,7 +54,7 @@ func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *c
 				}
 			}
 		}
-		if len(info.RequiredAffinity) == 0 && len(info.RequiredAnti) == 0 {
+		if indexed || (len(info.RequiredAffinity) == 0 && len(info.RequiredAnti) == 0) {
 			continue
 		}
 		// Filter asks only whether a domain holds a matching pod, so a domain already known to hold one
@@ -97,6 +100,60 @@ func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *c
 	}
 	state.Write(p.Name(), s)
 	return nil
+}
+
+// countIndexed counts the new pod's required affinity and anti-affinity matches from the label index. It
+// returns false, having counted nothing, when a term's selector has no requirement the index serves.
+func (s *interPodAffinityState) countIndexed(state *CycleState) bool {
+	info := state.PodInfo
+	type lookup struct {
+		term *AffinityTerm
+		pods []podOnNode
+	}
+	var anti []lookup
+	for i := range info.RequiredAnti {
+		pods, ok := state.podIndex.candidates(info.RequiredAnti[i].Selector)
+		if !ok {
+			return false
+		}
+		anti = append(anti, lookup{&info.RequiredAnti[i], pods})
+	}
+	// A pod counts for affinity only when it matches every term, so the term with the fewest candidates
+	// bounds the search.
+	var affinity []podOnNode
+	for i := range info.RequiredAffinity {
+		pods, ok := state.podIndex.candidates(info.RequiredAffinity[i].Selector)
+		if !ok {
+			return false
+		}
+		if i == 0 || len(pods) < len(affinity) {
+			affinity = pods
+		}
+	}
+	for _, l := range anti {
+		for _, p := range l.pods {
+			if v, ok := p.node.Node.Labels[l.term.TopologyKey]; ok && l.term.Matches(p.info.Pod, state.NamespaceLabels) {
+				s.anti[topologyPair{l.term.TopologyKey, v}]++
+			}
+		}
+	}
+	pairs := make([]topologyPair, len(info.RequiredAffinity))
+next:
+	for _, p := range affinity {
+		for i, t := range info.RequiredAffinity {
+			v, ok := p.node.Node.Labels[t.TopologyKey]
+			if !ok {
+				continue next
+			}
+			pairs[i] = topologyPair{t.TopologyKey, v}
+		}
+		if matchesAll(info.RequiredAffinity, p.info.Pod, state.NamespaceLabels) {
+			for _, pair := range pairs {
+				s.affinity[pair]++
+			}
+		}
+	}
+	return true
 }
 
 func matchesAll(terms []AffinityTerm, pod *corev1.Pod, nsLabels func(string) labels.Set) bool {

@@ -59,14 +59,30 @@ func (p podTopologySpread) constraints(pod *corev1.Pod, when corev1.Unsatisfiabl
 // count fills each constraint's per-domain counts over the nodes that the pod's node affinity allows and
 // that carry the constraint's key (nodeAffinityPolicy Honor, Kubernetes' default). Terminating pods do not
 // count.
-func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes []*NodeInfo) {
+func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes []*NodeInfo, index podIndex) {
 	if len(cs) == 0 {
 		return
 	}
 	required := nodeaffinity.GetRequiredNodeAffinity(pod)
+	// With the label index, the node loop only registers the domains and the eligible nodes, and the
+	// matching pods come from the index.
+	candidates := make([][]podOnNode, len(cs))
+	indexed := index != nil
+	for i, c := range cs {
+		if indexed {
+			candidates[i], indexed = index.candidates(c.selector)
+		}
+	}
+	var eligible map[*NodeInfo]bool
+	if indexed {
+		eligible = make(map[*NodeInfo]bool, len(nodes))
+	}
 	for _, n := range nodes {
 		if ok, err := required.Match(n.Node); !ok || err != nil {
 			continue
+		}
+		if indexed {
+			eligible[n] = true
 		}
 		for _, c := range cs {
 			v, ok := n.Node.Labels[c.topologyKey]
@@ -74,6 +90,10 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 				continue
 			}
 			matched := c.counts[v] // registers the domain even when no pod matches
+			if indexed {
+				c.counts[v] = matched
+				continue
+			}
 			for _, existing := range n.Pods {
 				if existing.Pod.Namespace == pod.Namespace && existing.Pod.DeletionTimestamp == nil &&
 					c.selector.Matches(labels.Set(existing.Pod.Labels)) {
@@ -83,11 +103,23 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 			c.counts[v] = matched
 		}
 	}
+	if !indexed {
+		return
+	}
+	for i, c := range cs {
+		for _, existing := range candidates[i] {
+			v, ok := existing.node.Node.Labels[c.topologyKey]
+			if ok && eligible[existing.node] && existing.info.Pod.Namespace == pod.Namespace && existing.info.Pod.DeletionTimestamp == nil &&
+				c.selector.Matches(labels.Set(existing.info.Pod.Labels)) {
+				c.counts[v]++
+			}
+		}
+	}
 }
 
 func (p podTopologySpread) PreFilter(_ context.Context, state *CycleState, pod *corev1.Pod, nodes []*NodeInfo) *Status {
 	s := &spreadState{hard: p.constraints(pod, corev1.DoNotSchedule)}
-	p.count(pod, s.hard, nodes)
+	p.count(pod, s.hard, nodes, state.podIndex)
 	state.Write(p.Name(), s)
 	return nil
 }
@@ -121,7 +153,7 @@ func (p podTopologySpread) PreScore(_ context.Context, state *CycleState, pod *c
 		state.Write(p.Name(), s)
 	}
 	s.soft = p.constraints(pod, corev1.ScheduleAnyway)
-	p.count(pod, s.soft, state.allNodes)
+	p.count(pod, s.soft, state.allNodes, state.podIndex)
 	return nil
 }
 

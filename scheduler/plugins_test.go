@@ -283,8 +283,46 @@ func newState(pod *corev1.Pod, all []*NodeInfo, nsLabels map[string]labels.Set) 
 // filterAll runs the plugin's PreFilter (if any) over all nodes, then its Filter on each node.
 func filterAll(t *testing.T, p FilterPlugin, pod *corev1.Pod, all []*NodeInfo, nsLabels map[string]labels.Set) map[string]*Status {
 	t.Helper()
+	out := filterAllOnce(t, p, pod, all, nsLabels, false)
+	// The same through the cache's label index must decide the same.
+	if indexed := filterAllOnce(t, p, pod, all, nsLabels, true); !reflect.DeepEqual(indexed, out) {
+		t.Errorf("%s: with the label index %v, without %v", p.Name(), indexed, out)
+	}
+	return out
+}
+
+// indexedView copies the nodes and their pods into a cache and returns its snapshot (the caller releases
+// it) and the snapshot's copies of all, in the same order.
+func indexedView(all []*NodeInfo) (*Snapshot, []*NodeInfo) {
+	c := NewCache()
+	for _, n := range all {
+		c.SetNode(n.Node)
+		for _, p := range n.Pods {
+			c.mu.Lock()
+			c.addPodLocked(p, n.Name(), false)
+			c.mu.Unlock()
+		}
+	}
+	snap := c.Snapshot()
+	nodes := make([]*NodeInfo, len(all))
+	for i, n := range all {
+		nodes[i] = snap.Node(n.Name())
+	}
+	return snap, nodes
+}
+
+func filterAllOnce(t *testing.T, p FilterPlugin, pod *corev1.Pod, all []*NodeInfo, nsLabels map[string]labels.Set, index bool) map[string]*Status {
+	t.Helper()
 	ctx := context.Background()
+	var snap *Snapshot
+	if index {
+		snap, all = indexedView(all)
+		defer snap.Release()
+	}
 	state := newState(pod, all, nsLabels)
+	if snap != nil {
+		state.podIndex = snap
+	}
 	if pf, ok := p.(PreFilterPlugin); ok {
 		if st := pf.PreFilter(ctx, state, pod, all); !st.IsSuccess() {
 			t.Fatalf("%s PreFilter: %v", p.Name(), st)
@@ -307,8 +345,30 @@ func filterOne(t *testing.T, p FilterPlugin, pod *corev1.Pod, n *NodeInfo) *Stat
 // then Score on each feasible node and NormalizeScore if the plugin has it.
 func scoreAll(t *testing.T, p ScorePlugin, pod *corev1.Pod, all, feasible []*NodeInfo, nsLabels map[string]labels.Set) map[string]int64 {
 	t.Helper()
+	out := scoreAllOnce(t, p, pod, all, feasible, nsLabels, false)
+	if indexed := scoreAllOnce(t, p, pod, all, feasible, nsLabels, true); !reflect.DeepEqual(indexed, out) {
+		t.Errorf("%s: scores with the label index %v, without %v", p.Name(), indexed, out)
+	}
+	return out
+}
+
+func scoreAllOnce(t *testing.T, p ScorePlugin, pod *corev1.Pod, all, feasible []*NodeInfo, nsLabels map[string]labels.Set, index bool) map[string]int64 {
+	t.Helper()
 	ctx := context.Background()
+	var snap *Snapshot
+	if index {
+		snap, all = indexedView(all)
+		defer snap.Release()
+		copies := make([]*NodeInfo, len(feasible))
+		for i, n := range feasible {
+			copies[i] = snap.Node(n.Name())
+		}
+		feasible = copies
+	}
 	state := newState(pod, all, nsLabels)
+	if snap != nil {
+		state.podIndex = snap
+	}
 	if pf, ok := p.(PreFilterPlugin); ok {
 		if st := pf.PreFilter(ctx, state, pod, all); !st.IsSuccess() {
 			t.Fatalf("%s PreFilter: %v", p.Name(), st)

@@ -314,7 +314,7 @@ func (s *Scheduler) decide(ctx context.Context, info *PodInfo, snap *Snapshot) (
 	pod := info.Pod
 	nodes := snap.Nodes
 	state := NewCycleState(info, s.namespaceLabels)
-	state.NodeCount, state.ImageNodes, state.allNodes = len(nodes), snap.ImageNodes, nodes
+	state.NodeCount, state.ImageNodes, state.allNodes, state.podIndex = len(nodes), snap.ImageNodes, nodes, snap
 	state.nominated = s.nominated.ahead(pod, s.podPriority(pod), s.podPriority)
 	fitErr := &FitError{NumNodes: len(nodes), Reasons: map[string]int{}, Statuses: map[string]*Status{}}
 	if len(nodes) == 0 {
