@@ -2,6 +2,7 @@ package scheduler
 
 import (
 	"fmt"
+	"maps"
 	"sort"
 	"sync"
 
@@ -23,6 +24,10 @@ type Cache struct {
 	// byLabel indexes the pods by each of their labels, so that affinity and spread terms look at the pods
 	// their selector can match instead of at every pod in the cluster.
 	byLabel map[labelPair]map[types.UID]*cachedPod
+	// domains caches, per topology key, how many known nodes carry each value; any change of a node's
+	// labels or of the set of nodes clears it. Decisions fill it under the read lock, hence its own lock.
+	domainsMu sync.Mutex
+	domains   map[string]map[string]int
 }
 
 // labelPair is one label of a pod: its key and value.
@@ -32,11 +37,14 @@ type cachedPod struct {
 	info    *PodInfo
 	node    string
 	assumed bool
+	// nodeInfo is c.nodes[node], which stays the same object while it holds a pod.
+	nodeInfo *NodeInfo
 }
 
 // NewCache returns an empty cache.
 func NewCache() *Cache {
-	return &Cache{nodes: map[string]*NodeInfo{}, pods: map[types.UID]*cachedPod{}, imageNodes: map[string]int{}, byLabel: map[labelPair]map[types.UID]*cachedPod{}}
+	return &Cache{nodes: map[string]*NodeInfo{}, pods: map[types.UID]*cachedPod{}, imageNodes: map[string]int{},
+		byLabel: map[labelPair]map[types.UID]*cachedPod{}, domains: map[string]map[string]int{}}
 }
 
 func (c *Cache) nodeInfo(name string) *NodeInfo {
@@ -56,6 +64,9 @@ func (c *Cache) SetNode(node *corev1.Node) {
 	if n.Node == nil {
 		c.sorted = nil
 	}
+	if n.Node == nil || !maps.Equal(n.Node.Labels, node.Labels) {
+		c.clearDomains()
+	}
 	c.countImages(n, -1)
 	n.setNode(node)
 	c.countImages(n, 1)
@@ -70,11 +81,18 @@ func (c *Cache) RemoveNode(name string) {
 		return
 	}
 	c.countImages(n, -1)
+	c.clearDomains()
 	n.Node, n.images = nil, nil
 	if len(n.Pods) == 0 {
 		delete(c.nodes, name)
 	}
 	c.sorted = nil
+}
+
+func (c *Cache) clearDomains() {
+	c.domainsMu.Lock()
+	c.domains = map[string]map[string]int{}
+	c.domainsMu.Unlock()
 }
 
 func (c *Cache) countImages(n *NodeInfo, sign int) {
@@ -125,8 +143,9 @@ func (c *Cache) Forget(uid types.UID) {
 }
 
 func (c *Cache) addPodLocked(info *PodInfo, node string, assumed bool) {
-	c.nodeInfo(node).addPod(info)
-	cp := &cachedPod{info: info, node: node, assumed: assumed}
+	n := c.nodeInfo(node)
+	n.addPod(info)
+	cp := &cachedPod{info: info, node: node, assumed: assumed, nodeInfo: n}
 	c.pods[info.Pod.UID] = cp
 	for k, v := range info.Pod.Labels {
 		pods := c.byLabel[labelPair{k, v}]
@@ -229,12 +248,31 @@ func (s *Snapshot) candidates(sel labels.Selector) (pods []podOnNode, ok bool) {
 	pods = make([]podOnNode, 0, bestCount)
 	for v := range reqs[best].Values() {
 		for _, p := range s.c.byLabel[labelPair{reqs[best].Key(), v}] {
-			if n, ok := s.c.nodes[p.node]; ok && n.Node != nil {
-				pods = append(pods, podOnNode{info: p.info, node: n})
+			if p.nodeInfo.Node != nil {
+				pods = append(pods, podOnNode{info: p.info, node: p.nodeInfo})
 			}
 		}
 	}
 	return pods, true
+}
+
+// domains returns how many known nodes carry each value of a node label: the topology domains of key. The
+// map is shared; callers must not change it.
+func (s *Snapshot) domains(key string) map[string]int {
+	c := s.c
+	c.domainsMu.Lock()
+	defer c.domainsMu.Unlock()
+	if d, ok := c.domains[key]; ok {
+		return d
+	}
+	d := map[string]int{}
+	for _, n := range s.Nodes {
+		if v, ok := n.Node.Labels[key]; ok {
+			d[v]++
+		}
+	}
+	c.domains[key] = d
+	return d
 }
 
 // Node returns a node by name, or nil.

@@ -123,6 +123,7 @@ type CycleState struct {
 // podIndex finds the pods that a selector may match; see Snapshot.candidates.
 type podIndex interface {
 	candidates(sel labels.Selector) ([]podOnNode, bool)
+	domains(key string) map[string]int
 }
 
 // NewCycleState returns the state for scheduling one pod.

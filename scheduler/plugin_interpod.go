@@ -41,20 +41,26 @@ func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *c
 	// The new pod's own terms look at the pods their selectors can match, through the cache's label index;
 	// without it (or for selectors it cannot serve) at every pod, node by node, below.
 	indexed := state.podIndex != nil && s.countIndexed(state)
-	for _, n := range nodes {
-		// Symmetry: only the pods with required anti-affinity need a look.
-		for _, existing := range n.PodsWithRequiredAnti {
-			for i := range existing.RequiredAnti {
-				t := &existing.RequiredAnti[i]
-				if v, ok := n.Node.Labels[t.TopologyKey]; ok && t.Matches(pod, state.NamespaceLabels) {
-					s.existingAnti[topologyPair{t.TopologyKey, v}]++
-					if !slices.Contains(s.existingAntiKeys, t.TopologyKey) {
-						s.existingAntiKeys = append(s.existingAntiKeys, t.TopologyKey)
-					}
+	// Symmetry: only the pods with required anti-affinity need a look.
+	symmetry := func(n *NodeInfo, existing *PodInfo) {
+		for i := range existing.RequiredAnti {
+			t := &existing.RequiredAnti[i]
+			if v, ok := n.Node.Labels[t.TopologyKey]; ok && t.Matches(pod, state.NamespaceLabels) {
+				s.existingAnti[topologyPair{t.TopologyKey, v}]++
+				if !slices.Contains(s.existingAntiKeys, t.TopologyKey) {
+					s.existingAntiKeys = append(s.existingAntiKeys, t.TopologyKey)
 				}
 			}
 		}
-		if indexed || (len(info.RequiredAffinity) == 0 && len(info.RequiredAnti) == 0) {
+	}
+	for _, n := range nodes {
+		for _, existing := range n.PodsWithRequiredAnti {
+			symmetry(n, existing)
+		}
+		if indexed {
+			continue
+		}
+		if len(info.RequiredAffinity) == 0 && len(info.RequiredAnti) == 0 {
 			continue
 		}
 		// Filter asks only whether a domain holds a matching pod, so a domain already known to hold one

@@ -73,6 +73,22 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 			candidates[i], indexed = index.candidates(c.selector)
 		}
 	}
+	if indexed && !hasRequiredNodeAffinity(pod) {
+		// Every node with the key is eligible: the domains come from the cache, and no node is visited.
+		for i, c := range cs {
+			for v := range index.domains(c.topologyKey) {
+				c.counts[v] = 0
+			}
+			for _, existing := range candidates[i] {
+				v, ok := existing.node.Node.Labels[c.topologyKey]
+				if ok && existing.info.Pod.Namespace == pod.Namespace && existing.info.Pod.DeletionTimestamp == nil &&
+					c.selector.Matches(labels.Set(existing.info.Pod.Labels)) {
+					c.counts[v]++
+				}
+			}
+		}
+		return
+	}
 	var eligible map[*NodeInfo]bool
 	if indexed {
 		eligible = make(map[*NodeInfo]bool, len(nodes))
@@ -115,6 +131,13 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 			}
 		}
 	}
+}
+
+// hasRequiredNodeAffinity reports whether the pod restricts its nodes by nodeSelector or required node
+// affinity.
+func hasRequiredNodeAffinity(pod *corev1.Pod) bool {
+	a := pod.Spec.Affinity
+	return len(pod.Spec.NodeSelector) > 0 || (a != nil && a.NodeAffinity != nil && a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution != nil)
 }
 
 func (p podTopologySpread) PreFilter(_ context.Context, state *CycleState, pod *corev1.Pod, nodes []*NodeInfo) *Status {
