@@ -14,6 +14,9 @@
 // aggregate of the rejections, may preempt lower-priority pods, and is parked until a cluster event that
 // could help it (or at most five minutes).
 //
+// The cache indexes pods by label, so that the affinity and spread pre-filters count only the pods their
+// selectors can match rather than every pod in the cluster.
+//
 // The scheduler reads nodes and pods from client-go informers and writes only through the API, so that
 // admission and validation apply to it as to any client.
 package scheduler
