@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -281,4 +282,64 @@ func TestMembershipChanges(t *testing.T) {
 	if len(servers) != 2 {
 		t.Fatalf("servers after removal = %+v", servers)
 	}
+}
+
+// TestConcurrentReadsShareLeadershipChecks: reads arriving together on the leader share leadership checks
+// (each check begins after the reads it answers arrived), and a leader cut off from the others serves none.
+func TestConcurrentReadsShareLeadershipChecks(t *testing.T) {
+	c := rt.TestCluster(t, 3)
+	leader := c.WaitForLeader()
+	n := c.Node(leader)
+	before := n.LeadershipChecks()
+	const reads = 200
+	var wg sync.WaitGroup
+	errs := make(chan error, reads)
+	for i := 0; i < reads; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			errs <- n.LinearizableRead(ctx)
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	checks := n.LeadershipChecks() - before
+	if checks < 1 || checks >= reads {
+		t.Fatalf("%d reads started %d leadership checks; want at least one, and fewer than the reads", reads, checks)
+	}
+	t.Logf("%d concurrent reads, %d leadership checks", reads, checks)
+
+	// Partitioned, the old leader must not confirm itself to any read.
+	var others []string
+	for i := 0; i < 3; i++ {
+		if i != leader {
+			others = append(others, c.Config(i).BindAddr)
+		}
+	}
+	c.Net.Partition([]string{c.Config(leader).BindAddr}, others)
+	var served sync.WaitGroup
+	var stale atomic.Int64
+	for i := 0; i < 50; i++ {
+		served.Add(1)
+		go func() {
+			defer served.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			if n.LinearizableRead(ctx) == nil {
+				stale.Add(1)
+			}
+		}()
+	}
+	served.Wait()
+	if stale.Load() > 0 {
+		t.Fatalf("the partitioned leader served %d linearizable reads", stale.Load())
+	}
+	c.Net.Heal()
 }

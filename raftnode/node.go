@@ -115,6 +115,13 @@ type Node struct {
 	cancelLead context.CancelFunc
 	leadWG     sync.WaitGroup
 
+	// Linearizable reads on the leader share leadership checks: a read joins the next round, which starts
+	// after it arrived, and one round at a time runs (see confirmLeadership).
+	verifyMu     sync.Mutex
+	nextRound    *verifyRound
+	verifying    bool
+	verifyRounds atomic.Int64
+
 	removed     chan struct{}
 	removedOnce sync.Once
 	shutdown    chan struct{}
@@ -182,7 +189,6 @@ func (n *Node) open() error {
 	if err := n.rpcSrv.RegisterName("Skiff", &rpcService{n}); err != nil {
 		return err
 	}
-	go n.serveRPC(&subListener{m: n.mux, ch: n.mux.rpc, addr: n.addr})
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(n.cfg.ID)
@@ -207,6 +213,9 @@ func (n *Node) open() error {
 	if err != nil {
 		return fmt.Errorf("starting raft: %w", err)
 	}
+	// Only now: every RPC handler uses n.raft (a forwarded write reaching a restarting peer used to find it
+	// nil and crash the process).
+	go n.serveRPC(&subListener{m: n.mux, ch: n.mux.rpc, addr: n.addr})
 	return nil
 }
 
@@ -426,13 +435,76 @@ func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
 		return 0, ErrNoLeader
 	}
 	idx := n.raft.CommitIndex()
-	if err := n.await(ctx, n.raft.VerifyLeader()); err != nil {
-		return 0, ErrNotLeader
+	if err := n.confirmLeadership(ctx); err != nil {
+		return 0, err
 	}
 	if !n.store.WaitApplied(idx, ctx.Done()) {
 		return 0, ErrNoLeader
 	}
 	return idx, nil
+}
+
+// verifyRound is one leadership check that the reads waiting on it share.
+type verifyRound struct {
+	done chan struct{}
+	err  error
+}
+
+// confirmLeadership returns once this peer has confirmed with a quorum, after the call began, that it is
+// still the leader (ErrNotLeader if it is not). Concurrent callers share one raft VerifyLeader: a caller joins
+// the next round, which starts only after the running one ends, so the check it gets began after it
+// arrived, which is what the ReadIndex protocol needs. Besides saving a heartbeat round per read, this keeps
+// at most one verification pending inside hashicorp/raft, whose heartbeat goroutines block answering
+// verifications once its queue of them (64) is full and the leader has stepped down, which then hangs
+// raft's Shutdown.
+func (n *Node) confirmLeadership(ctx context.Context) error {
+	n.verifyMu.Lock()
+	round := n.nextRound
+	if round == nil {
+		round = &verifyRound{done: make(chan struct{})}
+		n.nextRound = round
+	}
+	if !n.verifying {
+		n.verifying = true
+		go n.runVerifyRounds()
+	}
+	n.verifyMu.Unlock()
+	select {
+	case <-round.done:
+		return round.err
+	case <-ctx.Done():
+		return ErrNoLeader
+	case <-n.shutdown:
+		return ErrShutdown
+	}
+}
+
+// LeadershipChecks is how many leadership verifications linearizable reads on this peer have started.
+func (n *Node) LeadershipChecks() int64 { return n.verifyRounds.Load() }
+
+// runVerifyRounds runs the waiting rounds one after the other until none is left.
+func (n *Node) runVerifyRounds() {
+	for {
+		n.verifyMu.Lock()
+		round := n.nextRound
+		n.nextRound = nil
+		if round == nil {
+			n.verifying = false
+			n.verifyMu.Unlock()
+			return
+		}
+		n.verifyMu.Unlock()
+		n.verifyRounds.Add(1)
+		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ApplyTimeout)
+		if err := n.await(ctx, n.raft.VerifyLeader()); err != nil {
+			round.err = ErrNotLeader
+			if errors.Is(err, ErrShutdown) {
+				round.err = ErrShutdown
+			}
+		}
+		cancel()
+		close(round.done)
+	}
 }
 
 // errAwaitAbandoned means await stopped waiting before the future resolved.
