@@ -121,7 +121,12 @@ func (dc *deploymentController) processNext(ctx context.Context) bool {
 			// The cache had not caught up with the sync's own last write: routine, and retried.
 			dc.logger.Debug("syncing deployment, retrying", "deployment", key, "error", err)
 		} else {
-			dc.logger.Warn("syncing deployment, retrying", "deployment", key, "error", err)
+			// A conflict only means a newer version arrived meanwhile; the retry reads it.
+			logf := dc.logger.Warn
+			if apierrors.IsConflict(err) {
+				logf = dc.logger.Debug
+			}
+			logf("syncing deployment, retrying", "deployment", key, "error", err)
 		}
 		dc.queue.AddRateLimited(key)
 		return true

@@ -117,7 +117,12 @@ func (r *replicaSetController) processNext(ctx context.Context) bool {
 	defer r.queue.Done(key)
 	recheckIn, err := r.sync(ctx, key)
 	if err != nil && ctx.Err() == nil {
-		r.logger.Warn("syncing replicaset, retrying", "replicaset", key, "error", err)
+		// A conflict only means a newer version arrived meanwhile; the retry reads it.
+		logf := r.logger.Warn
+		if apierrors.IsConflict(err) {
+			logf = r.logger.Debug
+		}
+		logf("syncing replicaset, retrying", "replicaset", key, "error", err)
 		r.queue.AddRateLimited(key)
 		return true
 	}
