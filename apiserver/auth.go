@@ -12,6 +12,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/group"
 	"k8s.io/apiserver/pkg/authentication/request/bearertoken"
 	"k8s.io/apiserver/pkg/authentication/request/union"
+	"k8s.io/apiserver/pkg/authentication/serviceaccount"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 
@@ -84,6 +85,12 @@ var authenticatedAuthorizer = authorizer.AuthorizerFunc(func(ctx context.Context
 	// Impersonating someone is as strong as being them: only cluster administrators may.
 	if a.GetVerb() == "impersonate" {
 		return authorizer.DecisionNoOpinion, "only system:masters may impersonate", nil
+	}
+	// Until RBAC is enforced, a service account token must not mint others: a short-lived, pod-bound token
+	// would otherwise buy an unbound one for any account, for as long as it asks.
+	if a.IsResourceRequest() && a.GetResource() == "serviceaccounts" && a.GetSubresource() == "token" &&
+		strings.HasPrefix(u.GetName(), serviceaccount.ServiceAccountUsernamePrefix) {
+		return authorizer.DecisionNoOpinion, "service accounts may not request service account tokens", nil
 	}
 	if slices.Contains(groups, user.AllAuthenticated) {
 		return authorizer.DecisionAllow, "", nil

@@ -81,9 +81,11 @@ func (c *tokenClaims) bound(kind string) **objectRef {
 	}
 }
 
-// lookup reads an object by kind, namespace and name: from the watch cache first, and from the store itself
-// when the cache does not have it (yet), so that a token for a just-created object works at once.
-func (t *serviceAccountTokens) lookup(ctx context.Context, kind, namespace, name string) (metav1.Object, error) {
+// lookup reads an object by kind, namespace and name. Issuing a token reads consistently, so that the token
+// carries the UIDs of the objects as they are now. Authenticating reads the watch cache first, and the
+// store itself when the cache does not have the object (yet), so that a token for a just-created object
+// works at once.
+func (t *serviceAccountTokens) lookup(ctx context.Context, kind, namespace, name string, consistent bool) (metav1.Object, error) {
 	store := t.stores[kind]
 	if store == nil {
 		return nil, fmt.Errorf("no store for %s", kind)
@@ -91,7 +93,11 @@ func (t *serviceAccountTokens) lookup(ctx context.Context, kind, namespace, name
 	if namespace != "" {
 		ctx = genericapirequest.WithNamespace(ctx, namespace)
 	}
-	obj, err := store.Get(ctx, name, &metav1.GetOptions{ResourceVersion: "0"})
+	var obj runtime.Object
+	var err error = apierrors.NewNotFound(schema.GroupResource{}, name)
+	if !consistent {
+		obj, err = store.Get(ctx, name, &metav1.GetOptions{ResourceVersion: "0"})
+	}
 	if apierrors.IsNotFound(err) {
 		obj, err = store.Get(ctx, name, &metav1.GetOptions{})
 	}
@@ -130,7 +136,7 @@ func (r *tokenRequestREST) Create(ctx context.Context, name string, obj runtime.
 		}
 	}
 	namespace := genericapirequest.NamespaceValue(ctx)
-	sa, err := r.tokens.lookup(ctx, "ServiceAccount", namespace, name)
+	sa, err := r.tokens.lookup(ctx, "ServiceAccount", namespace, name, true)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +151,7 @@ func (r *tokenRequestREST) Create(ctx context.Context, name string, obj runtime.
 		if ref.Kind == "Node" {
 			refNamespace = ""
 		}
-		bound, err := r.tokens.lookup(ctx, ref.Kind, refNamespace, ref.Name)
+		bound, err := r.tokens.lookup(ctx, ref.Kind, refNamespace, ref.Name, true)
 		if err != nil {
 			return nil, err
 		}
@@ -226,7 +232,7 @@ func (t *serviceAccountTokens) authenticate(ctx context.Context, token string) (
 	var claims tokenClaims
 	_, err = jwt.ParseWithClaims(token, &claims, func(*jwt.Token) (any, error) { return &key.PublicKey, nil },
 		jwt.WithValidMethods([]string{jwt.SigningMethodES256.Alg()}), jwt.WithIssuer(ServiceAccountIssuer),
-		jwt.WithAudience(ServiceAccountIssuer), jwt.WithExpirationRequired(), jwt.WithTimeFunc(t.now))
+		jwt.WithAudience(ServiceAccountIssuer), jwt.WithExpirationRequired(), jwt.WithTimeFunc(t.now), jwt.WithLeeway(clockSkew))
 	if err != nil {
 		return nil, false, fmt.Errorf("invalid service account token: %w", err)
 	}
@@ -263,9 +269,17 @@ func (t *serviceAccountTokens) authenticate(ctx context.Context, token string) (
 	return &authenticator.Response{User: info.UserInfo(), Audiences: authenticator.Audiences{ServiceAccountIssuer}}, true, nil
 }
 
+// deletedObjectGrace is how long past its deletion timestamp an object still vouches for its tokens, as in
+// Kubernetes.
+const deletedObjectGrace = time.Minute
+
+// clockSkew is how far apart the servers' clocks may be for a token issued by one to be valid on another
+// (its not-before and expiry), as Kubernetes allows.
+const clockSkew = time.Minute
+
 // stillValid checks that the object a token names exists with the same UID and is not past its deletion.
 func (t *serviceAccountTokens) stillValid(ctx context.Context, kind, namespace string, ref *objectRef) error {
-	obj, err := t.lookup(ctx, kind, namespace, ref.Name)
+	obj, err := t.lookup(ctx, kind, namespace, ref.Name, false)
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: %s %s/%s not found", errTokenInvalidated, kind, namespace, ref.Name)
 	}
@@ -275,7 +289,7 @@ func (t *serviceAccountTokens) stillValid(ctx context.Context, kind, namespace s
 	if obj.GetUID() != ref.UID {
 		return fmt.Errorf("%w: %s %s/%s has UID %s, not %s", errTokenInvalidated, kind, namespace, ref.Name, obj.GetUID(), ref.UID)
 	}
-	if ts := obj.GetDeletionTimestamp(); ts != nil && ts.Time.Before(t.now()) {
+	if ts := obj.GetDeletionTimestamp(); ts != nil && ts.Time.Add(deletedObjectGrace).Before(t.now()) {
 		return fmt.Errorf("%w: %s %s/%s is being deleted", errTokenInvalidated, kind, namespace, ref.Name)
 	}
 	return nil

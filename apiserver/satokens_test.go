@@ -76,6 +76,11 @@ func TestServiceAccountTokens(t *testing.T) {
 		!slices.Contains(u.Groups, "system:serviceaccounts") || !slices.Contains(u.Groups, "system:serviceaccounts:default") || !slices.Contains(u.Groups, "system:authenticated") {
 		t.Errorf("token user: %+v", u)
 	}
+	// A service account token may not mint more tokens (until RBAC decides it).
+	if _, err := kubernetes.NewForConfigOrDie(cfg).CoreV1().ServiceAccounts("default").CreateToken(ctx, "robot",
+		&authenticationv1.TokenRequest{}, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Errorf("token request with a service account token: %v, want 403", err)
+	}
 	forged := tr.Status.Token[:len(tr.Status.Token)-4] + "AAAA"
 	if code := as(forged, 1); code != http.StatusUnauthorized {
 		t.Errorf("token with a bad signature: status %d, want 401", code)

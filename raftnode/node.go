@@ -121,6 +121,9 @@ type Node struct {
 	nextRound    *verifyRound
 	verifying    bool
 	verifyRounds atomic.Int64
+	// raftUp is set once n.raft exists; RPC handlers, served from before, check it (it also orders their
+	// reads of n.raft after its assignment).
+	raftUp atomic.Bool
 
 	removed     chan struct{}
 	removedOnce sync.Once
@@ -189,6 +192,9 @@ func (n *Node) open() error {
 	if err := n.rpcSrv.RegisterName("Skiff", &rpcService{n}); err != nil {
 		return err
 	}
+	// RPC is served at once, and its handlers answer ErrNotLeader until raft exists (see raftUp): a
+	// forwarded write reaching a starting peer then goes elsewhere instead of waiting out a log replay.
+	go n.serveRPC(&subListener{m: n.mux, ch: n.mux.rpc, addr: n.addr})
 
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(n.cfg.ID)
@@ -213,9 +219,7 @@ func (n *Node) open() error {
 	if err != nil {
 		return fmt.Errorf("starting raft: %w", err)
 	}
-	// Only now: every RPC handler uses n.raft (a forwarded write reaching a restarting peer used to find it
-	// nil and crash the process).
-	go n.serveRPC(&subListener{m: n.mux, ch: n.mux.rpc, addr: n.addr})
+	n.raftUp.Store(true)
 	return nil
 }
 
@@ -402,8 +406,11 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 			err = n.pool.call(ctx, leaderAddr, "Skiff.ReadIndex", ReadIndexArgs{}, &reply)
 			idx = reply.Index
 			var de *dialError
-			if errors.As(err, &de) || isConnError(err) {
+			switch {
+			case errors.As(err, &de) || isConnError(err):
 				err = ErrNotLeader
+			case errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled):
+				err = ErrNoLeader // no answer in time: as when no leader is known
 			}
 		default:
 			err = ErrNotLeader
@@ -426,6 +433,9 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 // leaderReadIndex returns the commit index once leadership is confirmed and this term's no-op has applied
 // (before that, the commit index may not cover the previous term's entries).
 func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
+	if !n.IsLeader() {
+		return 0, ErrNotLeader // a stepped-down peer's ready channel would never close
+	}
 	n.leaderMu.Lock()
 	ready := n.ready
 	n.leaderMu.Unlock()
@@ -494,11 +504,18 @@ func (n *Node) runVerifyRounds() {
 			return
 		}
 		n.verifyMu.Unlock()
+		select {
+		case <-n.shutdown:
+			round.err = ErrShutdown
+			close(round.done)
+			continue
+		default:
+		}
 		n.verifyRounds.Add(1)
 		ctx, cancel := context.WithTimeout(context.Background(), n.cfg.ApplyTimeout)
 		if err := n.await(ctx, n.raft.VerifyLeader()); err != nil {
 			round.err = ErrNotLeader
-			if errors.Is(err, ErrShutdown) {
+			if errors.Is(err, ErrShutdown) || errors.Is(err, raft.ErrRaftShutdown) {
 				round.err = ErrShutdown
 			}
 		}

@@ -48,6 +48,9 @@ type rpcService struct{ n *Node }
 
 // Apply proposes a forwarded write on this peer, which must be the leader.
 func (s *rpcService) Apply(args ApplyArgs, reply *ApplyReply) error {
+	if !s.n.raftUp.Load() {
+		return ErrNotLeader // still starting: the caller tries the leader again
+	}
 	cmd, err := fsm.DecodeCommand(args.Command)
 	if err != nil {
 		return err
@@ -70,13 +73,23 @@ func (s *rpcService) Apply(args ApplyArgs, reply *ApplyReply) error {
 func (s *rpcService) ReadIndex(args ReadIndexArgs, reply *ReadIndexReply) error {
 	ctx, cancel := context.WithTimeout(context.Background(), s.n.cfg.ApplyTimeout)
 	defer cancel()
+	if !s.n.raftUp.Load() {
+		return ErrNotLeader
+	}
 	idx, err := s.n.leaderReadIndex(ctx)
 	reply.Index = idx
+	if errors.Is(err, ErrShutdown) {
+		// This peer is going away, not the cluster: the asking follower retries with the next leader.
+		err = ErrNotLeader
+	}
 	return err
 }
 
 // Status reports this peer's view.
 func (s *rpcService) Status(args StatusArgs, reply *StatusReply) error {
+	if !s.n.raftUp.Load() {
+		return ErrNoLeader
+	}
 	*reply = s.n.status()
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"math/rand"
-	"net"
 	"sort"
 	"strings"
 	"sync"
@@ -16,6 +15,7 @@ import (
 
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/gossip"
+	"github.com/skiff-dev/skiff/internal/proctest"
 	rt "github.com/skiff-dev/skiff/raftnode/raftnodetest"
 )
 
@@ -62,23 +62,10 @@ type testPeer struct {
 }
 
 func freePort(t testing.TB, ip string) int {
-	// Gossip needs the same port free for TCP and UDP.
-	for {
-		ln, err := net.Listen("tcp", ip+":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		udp, err := net.ListenPacket("udp", fmt.Sprintf("%s:%d", ip, port))
-		ln.Close()
-		if err == nil {
-			udp.Close()
-			return port
-		}
-	}
+	t.Helper()
+	return proctest.FreePorts(t, []string{ip}, 1)[0]
 }
 
-// newPeers configures n servers that join each other, with short timeouts.
 func newPeers(t testing.TB, n, expect int) []*testPeer {
 	var peers []*testPeer
 	var joins []string

@@ -6,6 +6,7 @@ package proctest
 import (
 	"bytes"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
@@ -60,23 +61,33 @@ func Binary(t testing.TB) string {
 	return binPath
 }
 
-// FreePorts finds n ports free for TCP and UDP on every one of ips.
+// FreePorts finds n ports free for TCP and UDP on every one of ips. They come from below Linux's ephemeral
+// range (32768-60999), so that no outgoing connection of a process started earlier can take one before
+// the process meant to listen on it binds it (seen as "address already in use" when a server started), and
+// no port is handed out twice in one test process.
 func FreePorts(t testing.TB, ips []string, n int) []int {
 	t.Helper()
+	portsMu.Lock()
+	defer portsMu.Unlock()
 	var ports []int
-	for len(ports) < n {
-		ln, err := net.Listen("tcp", ips[0]+":0")
-		if err != nil {
-			t.Fatal(err)
+	for tries := 0; len(ports) < n; tries++ {
+		if tries > 10000 {
+			t.Fatalf("no free port for %v", ips)
 		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		ln.Close()
-		if PortsFree(ips, port) {
-			ports = append(ports, port)
+		port := 20000 + rand.IntN(32768-20000)
+		if handedOut[port] || !PortsFree(ips, port) {
+			continue
 		}
+		handedOut[port] = true
+		ports = append(ports, port)
 	}
 	return ports
 }
+
+var (
+	portsMu   sync.Mutex
+	handedOut = map[int]bool{}
+)
 
 // PortsFree reports whether port is free for TCP and UDP on every one of ips.
 func PortsFree(ips []string, port int) bool {

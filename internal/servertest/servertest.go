@@ -6,7 +6,6 @@ package servertest
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/internal/proctest"
 	"github.com/skiff-dev/skiff/server"
 )
 
@@ -106,12 +106,7 @@ func waitForAPI(t testing.TB, kubeconfig string) (*rest.Config, kubernetes.Inter
 
 func freePort(t testing.TB, ip string) int {
 	t.Helper()
-	l, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return proctest.FreePorts(t, []string{ip}, 1)[0]
 }
 
 func ptr[T any](v T) *T { return &v }
