@@ -68,16 +68,14 @@ func (p interPodAffinity) PreFilter(_ context.Context, state *CycleState, pod *c
 		if len(n.Pods) == 0 {
 			continue // nothing to count here
 		}
+		// A pod matching every affinity term counts, for each term whose key this node carries, in that
+		// term's domain here (Kubernetes counts per term).
 		affinityPairs = affinityPairs[:0]
-		affinityNeeded := len(info.RequiredAffinity) > 0
+		affinityNeeded := false
 		for _, t := range info.RequiredAffinity {
-			v, ok := n.Node.Labels[t.TopologyKey]
-			affinityNeeded = affinityNeeded && ok
-			affinityPairs = append(affinityPairs, topologyPair{t.TopologyKey, v})
-		}
-		if affinityNeeded {
-			affinityNeeded = false
-			for _, pair := range affinityPairs {
+			if v, ok := n.Node.Labels[t.TopologyKey]; ok {
+				pair := topologyPair{t.TopologyKey, v}
+				affinityPairs = append(affinityPairs, pair)
 				affinityNeeded = affinityNeeded || s.affinity[pair] == 0
 			}
 		}
@@ -143,19 +141,13 @@ func (s *interPodAffinityState) countIndexed(state *CycleState) bool {
 			}
 		}
 	}
-	pairs := make([]topologyPair, len(info.RequiredAffinity))
-next:
 	for _, p := range affinity {
-		for i, t := range info.RequiredAffinity {
-			v, ok := p.node.Node.Labels[t.TopologyKey]
-			if !ok {
-				continue next
-			}
-			pairs[i] = topologyPair{t.TopologyKey, v}
+		if !matchesAll(info.RequiredAffinity, p.info.Pod, state.NamespaceLabels) {
+			continue
 		}
-		if matchesAll(info.RequiredAffinity, p.info.Pod, state.NamespaceLabels) {
-			for _, pair := range pairs {
-				s.affinity[pair]++
+		for _, t := range info.RequiredAffinity {
+			if v, ok := p.node.Node.Labels[t.TopologyKey]; ok {
+				s.affinity[topologyPair{t.TopologyKey, v}]++
 			}
 		}
 	}

@@ -57,7 +57,7 @@ func (p podTopologySpread) constraints(pod *corev1.Pod, when corev1.Unsatisfiabl
 }
 
 // count fills each constraint's per-domain counts over the nodes that the pod's node affinity allows and
-// that carry the constraint's key (nodeAffinityPolicy Honor, Kubernetes' default). Terminating pods do not
+// that carry the keys of all the constraints (nodeAffinityPolicy Honor, Kubernetes' default). Terminating pods do not
 // count.
 func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes []*NodeInfo, index podIndex) {
 	if len(cs) == 0 {
@@ -73,7 +73,7 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 			candidates[i], indexed = index.candidates(c.selector)
 		}
 	}
-	if indexed && !hasRequiredNodeAffinity(pod) {
+	if indexed && len(cs) == 1 && !hasRequiredNodeAffinity(pod) {
 		// Every node with the key is eligible: the domains come from the cache, and no node is visited.
 		for i, c := range cs {
 			for v := range index.domains(c.topologyKey) {
@@ -94,7 +94,7 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 		eligible = make(map[*NodeInfo]bool, len(nodes))
 	}
 	for _, n := range nodes {
-		if ok, err := required.Match(n.Node); !ok || err != nil {
+		if ok, err := required.Match(n.Node); !ok || err != nil || !hasKeys(n.Node.Labels, cs) {
 			continue
 		}
 		if indexed {
@@ -131,6 +131,17 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 			}
 		}
 	}
+}
+
+// hasKeys reports whether a node carries the topology key of every constraint: as in Kubernetes, only such
+// nodes count.
+func hasKeys(nodeLabels map[string]string, cs []*spreadConstraint) bool {
+	for _, c := range cs {
+		if _, ok := nodeLabels[c.topologyKey]; !ok {
+			return false
+		}
+	}
+	return true
 }
 
 // hasRequiredNodeAffinity reports whether the pod restricts its nodes by nodeSelector or required node

@@ -992,6 +992,16 @@ func TestInterPodAffinityFilter(t *testing.T) {
 			want: map[string]want{"n1": noAff, "n2": noAff, "n3": pass, "n4": noAff},
 		},
 		{
+			// Kubernetes counts a matching pod in the domain of each term whose key its node has: the pod on
+			// n4 (no zone) still counts for the hostname term, so the group is not "first" any more.
+			name: "two self-selecting terms, the only member on a node without one term's key",
+			pod:  with(makePod("p", "", "", app("web")), requiredPodAffinity(podTerm(zoneKey, app("web")), podTerm(hostKey, app("web")))),
+			existing: map[string][]*corev1.Pod{
+				"n4": {makePod("web-0", "", "", app("web"))},
+			},
+			want: map[string]want{"n1": noAff, "n2": noAff, "n3": noAff, "n4": noAff},
+		},
+		{
 			name: "two affinity terms: both must be met by one pod",
 			pod: with(makePod("p", "", "", app("web")), requiredPodAffinity(
 				podTerm(zoneKey, app("db")), podTerm(hostKey, map[string]string{"tier": "data"}))),
@@ -1290,6 +1300,15 @@ func TestPodTopologySpreadFilter(t *testing.T) {
 			pod:  with(makePod("p", "", "", web), spreadConstraintOn(zoneKey, 1, corev1.ScheduleAnyway, web, nil)),
 			a:    5, b: 0, c: 0,
 			want: map[string]want{"a1": pass, "b1": pass, "c1": pass, "x1": pass},
+		},
+		{
+			// Only nodes with every constraint's key count: x1 (no zone) must not add an empty hostname
+			// domain, which would lower the hostname minimum to 0 and make every node too skewed.
+			name: "two constraints: a node without one of the keys counts for neither",
+			pod: with(makePod("p", "", "", web), hard(web, nil),
+				spreadConstraintOn(hostKey, 1, corev1.DoNotSchedule, web, nil)),
+			a: 1, b: 1, c: 1,
+			want: map[string]want{"a1": pass, "b1": pass, "c1": pass, "x1": noLabel},
 		},
 		{
 			name: "maxSkew 2 allows 2/1/1 in zone a",
