@@ -8,7 +8,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
+	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
+	"k8s.io/klog/v2"
 )
 
 // podTopologySpread keeps the skew of matching pods across topology domains within maxSkew: as a filter
@@ -25,6 +27,8 @@ type spreadConstraint struct {
 	selector    labels.Selector
 	selfMatch   int
 	counts      map[string]int // domain value -> matching pods
+	// honorAffinity and honorTaints are the constraint's nodeAffinityPolicy and nodeTaintsPolicy.
+	honorAffinity, honorTaints bool
 }
 
 type spreadState struct {
@@ -44,7 +48,9 @@ func (p podTopologySpread) constraints(pod *corev1.Pod, when corev1.Unsatisfiabl
 			}
 		}
 		sel = withPodLabelKeys(sel, pod, c.MatchLabelKeys, selection.In)
-		sc := &spreadConstraint{maxSkew: c.MaxSkew, topologyKey: c.TopologyKey, selector: sel, counts: map[string]int{}, minDomains: 1}
+		sc := &spreadConstraint{maxSkew: c.MaxSkew, topologyKey: c.TopologyKey, selector: sel, counts: map[string]int{}, minDomains: 1,
+			honorAffinity: c.NodeAffinityPolicy == nil || *c.NodeAffinityPolicy == corev1.NodeInclusionPolicyHonor,
+			honorTaints:   c.NodeTaintsPolicy != nil && *c.NodeTaintsPolicy == corev1.NodeInclusionPolicyHonor}
 		if c.MinDomains != nil {
 			sc.minDomains = *c.MinDomains
 		}
@@ -56,16 +62,37 @@ func (p podTopologySpread) constraints(pod *corev1.Pod, when corev1.Unsatisfiabl
 	return out
 }
 
-// count fills each constraint's per-domain counts over the nodes that the pod's node affinity allows and
-// that carry the keys of all the constraints (nodeAffinityPolicy Honor, Kubernetes' default). Terminating pods do not
-// count.
+// count fills each constraint's per-domain counts over the nodes that carry the keys of all the constraints
+// and that the constraint's inclusion policies admit: nodeAffinityPolicy Honor (the default) counts only
+// nodes the pod's nodeSelector and required node affinity allow, nodeTaintsPolicy Honor (Ignore by default)
+// only nodes whose NoSchedule and NoExecute taints the pod tolerates, as in Kubernetes. Terminating pods do
+// not count.
 func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes []*NodeInfo, index podIndex) {
 	if len(cs) == 0 {
 		return
 	}
 	required := nodeaffinity.GetRequiredNodeAffinity(pod)
-	// With the label index, the node loop only registers the domains and the eligible nodes, and the
-	// matching pods come from the index.
+	admits := func(c *spreadConstraint, n *NodeInfo) bool {
+		if c.honorAffinity {
+			if ok, err := required.Match(n.Node); !ok || err != nil {
+				return false
+			}
+		}
+		if c.honorTaints {
+			if _, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), n.Node.Spec.Taints, pod.Spec.Tolerations,
+				func(t *corev1.Taint) bool {
+					return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
+				}, false); untolerated {
+				return false
+			}
+		}
+		return true
+	}
+	matches := func(c *spreadConstraint, existing *corev1.Pod) bool {
+		return existing.Namespace == pod.Namespace && existing.DeletionTimestamp == nil && c.selector.Matches(labels.Set(existing.Labels))
+	}
+	// With the label index, the matching pods come from it, and the node loop only registers the domains
+	// and the admitted nodes.
 	candidates := make([][]podOnNode, len(cs))
 	indexed := index != nil
 	for i, c := range cs {
@@ -73,46 +100,41 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 			candidates[i], indexed = index.candidates(c.selector)
 		}
 	}
-	if indexed && len(cs) == 1 && !hasRequiredNodeAffinity(pod) {
-		// Every node with the key is eligible: the domains come from the cache, and no node is visited.
-		for i, c := range cs {
-			for v := range index.domains(c.topologyKey) {
-				c.counts[v] = 0
-			}
-			for _, existing := range candidates[i] {
-				v, ok := existing.node.Node.Labels[c.topologyKey]
-				if ok && existing.info.Pod.Namespace == pod.Namespace && existing.info.Pod.DeletionTimestamp == nil &&
-					c.selector.Matches(labels.Set(existing.info.Pod.Labels)) {
-					c.counts[v]++
-				}
+	if c := cs[0]; indexed && len(cs) == 1 && !c.honorTaints && (!c.honorAffinity || !hasRequiredNodeAffinity(pod)) {
+		// Every node with the key is admitted: the domains come from the cache, and no node is visited.
+		for v := range index.domains(c.topologyKey) {
+			c.counts[v] = 0
+		}
+		for _, existing := range candidates[0] {
+			if v, ok := existing.node.Node.Labels[c.topologyKey]; ok && matches(c, existing.info.Pod) {
+				c.counts[v]++
 			}
 		}
 		return
 	}
-	var eligible map[*NodeInfo]bool
-	if indexed {
-		eligible = make(map[*NodeInfo]bool, len(nodes))
+	admitted := make([]map[*NodeInfo]bool, len(cs))
+	for i := range cs {
+		if indexed {
+			admitted[i] = map[*NodeInfo]bool{}
+		}
 	}
 	for _, n := range nodes {
-		if ok, err := required.Match(n.Node); !ok || err != nil || !hasKeys(n.Node.Labels, cs) {
+		if !hasKeys(n.Node.Labels, cs) {
 			continue
 		}
-		if indexed {
-			eligible[n] = true
-		}
-		for _, c := range cs {
-			v, ok := n.Node.Labels[c.topologyKey]
-			if !ok {
+		for i, c := range cs {
+			if !admits(c, n) {
 				continue
 			}
+			v := n.Node.Labels[c.topologyKey]
 			matched := c.counts[v] // registers the domain even when no pod matches
 			if indexed {
+				admitted[i][n] = true
 				c.counts[v] = matched
 				continue
 			}
 			for _, existing := range n.Pods {
-				if existing.Pod.Namespace == pod.Namespace && existing.Pod.DeletionTimestamp == nil &&
-					c.selector.Matches(labels.Set(existing.Pod.Labels)) {
+				if matches(c, existing.Pod) {
 					matched++
 				}
 			}
@@ -124,10 +146,8 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 	}
 	for i, c := range cs {
 		for _, existing := range candidates[i] {
-			v, ok := existing.node.Node.Labels[c.topologyKey]
-			if ok && eligible[existing.node] && existing.info.Pod.Namespace == pod.Namespace && existing.info.Pod.DeletionTimestamp == nil &&
-				c.selector.Matches(labels.Set(existing.info.Pod.Labels)) {
-				c.counts[v]++
+			if admitted[i][existing.node] && matches(c, existing.info.Pod) {
+				c.counts[existing.node.Node.Labels[c.topologyKey]]++
 			}
 		}
 	}

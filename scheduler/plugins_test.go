@@ -250,6 +250,21 @@ func spreadConstraintOn(key string, maxSkew int32, when corev1.UnsatisfiableCons
 	}
 }
 
+// withSpreadPolicies sets the node inclusion policies of the pod's spread constraints ("" leaves one unset).
+func withSpreadPolicies(affinity, taints corev1.NodeInclusionPolicy) func(*corev1.Pod) {
+	return func(p *corev1.Pod) {
+		for i := range p.Spec.TopologySpreadConstraints {
+			c := &p.Spec.TopologySpreadConstraints[i]
+			if affinity != "" {
+				c.NodeAffinityPolicy = &affinity
+			}
+			if taints != "" {
+				c.NodeTaintsPolicy = &taints
+			}
+		}
+	}
+}
+
 func int32p(v int32) *int32 { return &v }
 
 // nodeInfoOf builds a NodeInfo for a node with pods already on it.
@@ -1236,6 +1251,7 @@ func TestPodTopologySpreadFilter(t *testing.T) {
 		pod     *corev1.Pod
 		a, b, c int
 		extra   map[string][]*corev1.Pod
+		nodes   func([]*NodeInfo) // changes the nodes a1, b1, c1, x1 before the run
 		want    map[string]want
 	}{
 		{
@@ -1296,6 +1312,22 @@ func TestPodTopologySpreadFilter(t *testing.T) {
 			want: map[string]want{"a1": pass, "b1": pass},
 		},
 		{
+			name: "nodeAffinityPolicy Ignore counts the nodes the pod's node affinity excludes (the empty zone c)",
+			pod: with(makePod("p", "", "", web), hard(web, nil), withSpreadPolicies(corev1.NodeInclusionPolicyIgnore, ""),
+				requiredNodeAffinity(exprTerm(expr(zoneKey, corev1.NodeSelectorOpIn, "a", "b")))),
+			a: 1, b: 1, c: 0,
+			want: map[string]want{"a1": skewed, "b1": skewed},
+		},
+		{
+			name: "nodeTaintsPolicy Honor leaves out a node whose taint the pod does not tolerate (the empty zone c)",
+			pod:  with(makePod("p", "", "", web), hard(web, nil), withSpreadPolicies("", corev1.NodeInclusionPolicyHonor)),
+			a:    1, b: 1, c: 0,
+			nodes: func(ns []*NodeInfo) {
+				ns[2].Node.Spec.Taints = []corev1.Taint{{Key: "dedicated", Value: "db", Effect: corev1.TaintEffectNoSchedule}}
+			},
+			want: map[string]want{"a1": pass, "b1": pass},
+		},
+		{
 			name: "ScheduleAnyway constraints do not filter",
 			pod:  with(makePod("p", "", "", web), spreadConstraintOn(zoneKey, 1, corev1.ScheduleAnyway, web, nil)),
 			a:    5, b: 0, c: 0,
@@ -1320,6 +1352,9 @@ func TestPodTopologySpreadFilter(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			nodes := spreadNodes(tc.a, tc.b, tc.c, tc.extra)
+			if tc.nodes != nil {
+				tc.nodes(nodes)
+			}
 			got := filterAll(t, podTopologySpread{}, tc.pod, nodes, nil)
 			for name, w := range tc.want {
 				checkStatus(t, name, got[name], w)
