@@ -109,8 +109,10 @@ type Node struct {
 
 	notifyCh chan bool
 	// ready is closed once this peer, as leader, has applied a no-op of its own term; replaced on each term.
-	leaderMu   sync.Mutex
-	ready      chan struct{}
+	leaderMu sync.Mutex
+	ready    chan struct{}
+	// leadDone is closed when the current (or last) term's leadership ends; nil before the first.
+	leadDone   <-chan struct{}
 	services   []leaderService
 	cancelLead context.CancelFunc
 	leadWG     sync.WaitGroup
@@ -437,10 +439,16 @@ func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
 		return 0, ErrNotLeader // a stepped-down peer's ready channel would never close
 	}
 	n.leaderMu.Lock()
-	ready := n.ready
+	ready, leadDone := n.ready, n.leadDone
 	n.leaderMu.Unlock()
+	if leadDone == nil {
+		return 0, ErrNotLeader // leadership not taken up yet
+	}
 	select {
 	case <-ready:
+	case <-leadDone:
+		// Leadership ended before this term's no-op applied: its ready channel will never close.
+		return 0, ErrNotLeader
 	case <-ctx.Done():
 		return 0, ErrNoLeader
 	}
@@ -572,6 +580,7 @@ func (n *Node) startLeading() {
 	ctx, cancel := context.WithCancel(context.Background())
 	n.leaderMu.Lock()
 	n.cancelLead = cancel
+	n.leadDone = ctx.Done()
 	n.leaderMu.Unlock()
 	n.leadWG.Add(1)
 	go func() {
