@@ -10,7 +10,45 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
+	"k8s.io/client-go/tools/cache"
 )
+
+// ownerByRef returns the cached owner a controller reference names; false when it names another kind, or an
+// owner that no longer exists or was recreated under the same name (another UID).
+func ownerByRef[T metav1.Object](ref *metav1.OwnerReference, kind string, get func(name string) (T, error)) (T, bool) {
+	var none T
+	if ref.Kind != kind {
+		return none, false
+	}
+	owner, err := get(ref.Name)
+	if err != nil || owner.GetUID() != ref.UID {
+		return none, false
+	}
+	return owner, true
+}
+
+// selectingLabels returns the owners whose selector matches a dependent's labels. An empty or invalid
+// selector matches nothing: it would match everything, and Kubernetes never lets such an owner adopt.
+func selectingLabels[T any](owners []T, selectorOf func(T) *metav1.LabelSelector, dependentLabels map[string]string) []T {
+	var out []T
+	for _, o := range owners {
+		selector, err := metav1.LabelSelectorAsSelector(selectorOf(o))
+		if err == nil && !selector.Empty() && selector.Matches(labels.Set(dependentLabels)) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// fromTombstone returns the object of a delete event, unwrapping the informer's tombstone for a delete it
+// missed.
+func fromTombstone[T any](obj any) (T, bool) {
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = tomb.Obj
+	}
+	o, ok := obj.(T)
+	return o, ok
+}
 
 // claimer makes the ownership of a controller's dependents (a ReplicaSet's pods, a Deployment's ReplicaSets)
 // agree with its selector, as Kubernetes' ControllerRefManager does.

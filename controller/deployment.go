@@ -121,12 +121,7 @@ func (dc *deploymentController) processNext(ctx context.Context) bool {
 			// The cache had not caught up with the sync's own last write: routine, and retried.
 			dc.logger.Debug("syncing deployment, retrying", "deployment", key, "error", err)
 		} else {
-			// A conflict only means a newer version arrived meanwhile; the retry reads it.
-			logf := dc.logger.Warn
-			if apierrors.IsConflict(err) {
-				logf = dc.logger.Debug
-			}
-			logf("syncing deployment, retrying", "deployment", key, "error", err)
+			dc.logger.Warn("syncing deployment, retrying", "deployment", key, "error", err)
 		}
 		dc.queue.AddRateLimited(key)
 		return true
@@ -195,15 +190,9 @@ func (dc *deploymentController) replicaSetUpdated(oldObj, newObj any) {
 }
 
 func (dc *deploymentController) replicaSetDeleted(obj any) {
-	rs, ok := obj.(*appsv1.ReplicaSet)
+	rs, ok := fromTombstone[*appsv1.ReplicaSet](obj)
 	if !ok {
-		tomb, isTomb := obj.(cache.DeletedFinalStateUnknown)
-		if !isTomb {
-			return
-		}
-		if rs, ok = tomb.Obj.(*appsv1.ReplicaSet); !ok {
-			return
-		}
+		return
 	}
 	if ref := metav1.GetControllerOfNoCopy(rs); ref != nil {
 		if d := dc.owner(rs.Namespace, ref); d != nil {
@@ -215,15 +204,9 @@ func (dc *deploymentController) replicaSetDeleted(obj any) {
 // podDeleted wakes a Recreate Deployment, which waits for its old pods to be gone before it creates new
 // ones: no ReplicaSet event need come when the last one goes.
 func (dc *deploymentController) podDeleted(obj any) {
-	pod, ok := obj.(*corev1.Pod)
+	pod, ok := fromTombstone[*corev1.Pod](obj)
 	if !ok {
-		tomb, isTomb := obj.(cache.DeletedFinalStateUnknown)
-		if !isTomb {
-			return
-		}
-		if pod, ok = tomb.Obj.(*corev1.Pod); !ok {
-			return
-		}
+		return
 	}
 	ref := metav1.GetControllerOfNoCopy(pod)
 	if ref == nil || ref.Kind != replicaSetKind.Kind {
@@ -245,13 +228,7 @@ func (dc *deploymentController) podDeleted(obj any) {
 // owner returns the cached Deployment a controller reference names, or nil when it names another kind, or
 // a Deployment that no longer exists or was recreated under the same name.
 func (dc *deploymentController) owner(namespace string, ref *metav1.OwnerReference) *appsv1.Deployment {
-	if ref.Kind != deploymentKind.Kind {
-		return nil
-	}
-	d, err := dc.deployments.Deployments(namespace).Get(ref.Name)
-	if err != nil || d.UID != ref.UID {
-		return nil
-	}
+	d, _ := ownerByRef(ref, deploymentKind.Kind, dc.deployments.Deployments(namespace).Get)
 	return d
 }
 
@@ -261,17 +238,7 @@ func (dc *deploymentController) selecting(rs *appsv1.ReplicaSet) []*appsv1.Deplo
 	if err != nil {
 		return nil
 	}
-	var out []*appsv1.Deployment
-	for _, d := range all {
-		selector, err := metav1.LabelSelectorAsSelector(d.Spec.Selector)
-		if err != nil || selector.Empty() {
-			continue // an empty selector would match everything; such a Deployment adopts nothing
-		}
-		if selector.Matches(labels.Set(rs.Labels)) {
-			out = append(out, d)
-		}
-	}
-	return out
+	return selectingLabels(all, func(d *appsv1.Deployment) *metav1.LabelSelector { return d.Spec.Selector }, rs.Labels)
 }
 
 // sync reconciles one Deployment (the steps are in runDeploymentController's comment). It returns how soon

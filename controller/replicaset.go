@@ -218,15 +218,9 @@ func (r *replicaSetController) podUpdated(oldObj, newObj any) {
 }
 
 func (r *replicaSetController) podDeleted(obj any) {
-	pod, ok := obj.(*corev1.Pod)
+	pod, ok := fromTombstone[*corev1.Pod](obj)
 	if !ok {
-		tomb, isTomb := obj.(cache.DeletedFinalStateUnknown)
-		if !isTomb {
-			return
-		}
-		if pod, ok = tomb.Obj.(*corev1.Pod); !ok {
-			return
-		}
+		return
 	}
 	ref := metav1.GetControllerOf(pod)
 	if ref == nil {
@@ -243,13 +237,7 @@ func (r *replicaSetController) podDeleted(obj any) {
 // owner returns the cached ReplicaSet a controller reference names, or nil when it names another kind, or a
 // ReplicaSet that no longer exists or was recreated under the same name (another UID).
 func (r *replicaSetController) owner(namespace string, ref *metav1.OwnerReference) *appsv1.ReplicaSet {
-	if ref.Kind != replicaSetKind.Kind {
-		return nil
-	}
-	rs, err := r.replicaSets.ReplicaSets(namespace).Get(ref.Name)
-	if err != nil || rs.UID != ref.UID {
-		return nil
-	}
+	rs, _ := ownerByRef(ref, replicaSetKind.Kind, r.replicaSets.ReplicaSets(namespace).Get)
 	return rs
 }
 
@@ -259,17 +247,7 @@ func (r *replicaSetController) selecting(pod *corev1.Pod) []*appsv1.ReplicaSet {
 	if err != nil {
 		return nil
 	}
-	var out []*appsv1.ReplicaSet
-	for _, rs := range all {
-		selector, err := metav1.LabelSelectorAsSelector(rs.Spec.Selector)
-		if err != nil || selector.Empty() {
-			continue // an empty selector would match every pod; Kubernetes never lets it adopt any
-		}
-		if selector.Matches(labels.Set(pod.Labels)) {
-			out = append(out, rs)
-		}
-	}
-	return out
+	return selectingLabels(all, func(rs *appsv1.ReplicaSet) *metav1.LabelSelector { return rs.Spec.Selector }, pod.Labels)
 }
 
 func replicaSetKey(rs *appsv1.ReplicaSet) string { return rs.Namespace + "/" + rs.Name }
