@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
-	"sort"
 	"strconv"
 	"time"
 
@@ -357,8 +356,7 @@ func (s *deploymentSync) reconcileOldReplicaSets(ctx context.Context, allRSs, ol
 // cleanupUnhealthyReplicas removes up to maxCleanup of the old ReplicaSets' unavailable replicas, oldest
 // ReplicaSet first, and returns the ReplicaSets as now stored.
 func (s *deploymentSync) cleanupUnhealthyReplicas(ctx context.Context, oldRSs []*appsv1.ReplicaSet, maxCleanup int32) ([]*appsv1.ReplicaSet, int32, error) {
-	sorted := append([]*appsv1.ReplicaSet(nil), oldRSs...)
-	sort.SliceStable(sorted, func(i, j int) bool { return olderReplicaSet(sorted[i], sorted[j]) })
+	sorted := oldestFirst(oldRSs)
 	var total int32
 	for i, rs := range sorted {
 		if total >= maxCleanup {
@@ -388,8 +386,7 @@ func (s *deploymentSync) scaleDownOldForRollingUpdate(ctx context.Context, allRS
 		return 0, nil
 	}
 	toScaleDown := available - minAvailable
-	sorted := append([]*appsv1.ReplicaSet(nil), oldRSs...)
-	sort.SliceStable(sorted, func(i, j int) bool { return olderReplicaSet(sorted[i], sorted[j]) })
+	sorted := oldestFirst(oldRSs)
 	var total int32
 	for _, rs := range sorted {
 		if total >= toScaleDown {

@@ -87,8 +87,7 @@ func equalIgnoreHash(a, b *corev1.PodTemplateSpec) bool {
 // findNewReplicaSet is the ReplicaSet running the Deployment's current template; the oldest when several
 // do (two can after a hash collision), so the choice is stable.
 func findNewReplicaSet(d *appsv1.Deployment, rsList []*appsv1.ReplicaSet) *appsv1.ReplicaSet {
-	sorted := append([]*appsv1.ReplicaSet(nil), rsList...)
-	sort.SliceStable(sorted, func(i, j int) bool { return olderReplicaSet(sorted[i], sorted[j]) })
+	sorted := oldestFirst(rsList)
 	for _, rs := range sorted {
 		if equalIgnoreHash(&rs.Spec.Template, &d.Spec.Template) {
 			return rs
@@ -106,6 +105,13 @@ func oldReplicaSets(rsList []*appsv1.ReplicaSet, newRS *appsv1.ReplicaSet) []*ap
 		}
 	}
 	return out
+}
+
+// oldestFirst returns a copy of the ReplicaSets sorted oldest first.
+func oldestFirst(rss []*appsv1.ReplicaSet) []*appsv1.ReplicaSet {
+	sorted := append([]*appsv1.ReplicaSet(nil), rss...)
+	sort.SliceStable(sorted, func(i, j int) bool { return olderReplicaSet(sorted[i], sorted[j]) })
+	return sorted
 }
 
 func olderReplicaSet(a, b *appsv1.ReplicaSet) bool {
