@@ -93,12 +93,12 @@ func (t *serviceAccountTokens) lookup(ctx context.Context, kind, namespace, name
 	if namespace != "" {
 		ctx = genericapirequest.WithNamespace(ctx, namespace)
 	}
-	var obj runtime.Object
-	var err error = apierrors.NewNotFound(schema.GroupResource{}, name)
-	if !consistent {
-		obj, err = store.Get(ctx, name, &metav1.GetOptions{ResourceVersion: "0"})
+	opts := &metav1.GetOptions{ResourceVersion: "0"} // the watch cache
+	if consistent {
+		opts = &metav1.GetOptions{}
 	}
-	if apierrors.IsNotFound(err) {
+	obj, err := store.Get(ctx, name, opts)
+	if apierrors.IsNotFound(err) && !consistent {
 		obj, err = store.Get(ctx, name, &metav1.GetOptions{})
 	}
 	if err != nil {

@@ -18,6 +18,8 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/skiff-dev/skiff/internal/proctest"
+
+	"github.com/skiff-dev/skiff/internal/freeport"
 )
 
 var (
@@ -39,7 +41,7 @@ func BenchmarkNodeDetection(b *testing.B) {
 	}
 	client := clientFor(b, c.Procs[0].Kubeconfig())
 	leader := c.ByName(c.HealthyPeers(c.Procs[0], 3))
-	ports := proctest.FreePorts(b, []string{"127.0.0.1"}, 2)
+	ports := freeport.Take(b, []string{"127.0.0.1"}, 2)
 	ctx := context.Background()
 
 	var mu sync.Mutex

@@ -3,7 +3,6 @@ package bench
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,25 +13,14 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+
+	"github.com/skiff-dev/skiff/internal/freeport"
 )
 
 // etcdCluster is three etcd members on loopback, each with its own data dir.
 type etcdCluster struct {
 	clients []*clientv3.Client
 	cmds    []*exec.Cmd
-}
-
-func freePorts(t testing.TB, n int) []int {
-	var out []int
-	for len(out) < n {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		out = append(out, ln.Addr().(*net.TCPAddr).Port)
-		defer ln.Close()
-	}
-	return out
 }
 
 // startEtcd starts three members with etcd's defaults (fsync on) and returns one client per member.
@@ -42,7 +30,7 @@ func startEtcd(t testing.TB) *etcdCluster {
 	if err != nil {
 		t.Skip("etcd not installed (Debian package etcd-server; `make bench` installs it)")
 	}
-	ports := freePorts(t, 6)
+	ports := freeport.Take(t, []string{"127.0.0.1"}, 6)
 	var initial []string
 	for i := 0; i < 3; i++ {
 		initial = append(initial, fmt.Sprintf("e%d=http://127.0.0.1:%d", i, ports[2*i+1]))

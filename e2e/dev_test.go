@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/skiff-dev/skiff/internal/proctest"
+
+	"github.com/skiff-dev/skiff/internal/freeport"
 )
 
 // `skiff dev` runs a one-server cluster; the operator commands work against it end to end: list-peers,
@@ -104,12 +106,12 @@ func startDev(t *testing.T, bin, dir string, extra ...string) (cmd *exec.Cmd, ex
 // freeTCPPort finds a port whose next two ports are free too (dev uses api, api+1, api+2; gossip needs UDP).
 func freeTCPPort(t *testing.T) int {
 	for {
-		ports := proctest.FreePorts(t, []string{"127.0.0.1"}, 1)
+		ports := freeport.Take(t, []string{"127.0.0.1"}, 1)
 		p := ports[0]
 		if p > 65000 {
 			continue
 		}
-		if proctest.PortsFree([]string{"127.0.0.1"}, p+1) && proctest.PortsFree([]string{"127.0.0.1"}, p+2) {
+		if freeport.Free([]string{"127.0.0.1"}, p+1) && freeport.Free([]string{"127.0.0.1"}, p+2) {
 			return p
 		}
 	}

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/skiff-dev/skiff/internal/proctest"
+
+	"github.com/skiff-dev/skiff/internal/freeport"
 )
 
 // gossipAgent is a simulated `skiff agent` that joins the servers' gossip pool with retry_join and learns
@@ -110,7 +112,7 @@ func TestNodeLifecycleByGossip(t *testing.T) {
 	for _, p := range c.Procs {
 		joins = append(joins, p.GossipAddr)
 	}
-	ports := proctest.FreePorts(t, []string{"127.0.0.1"}, 2)
+	ports := freeport.Take(t, []string{"127.0.0.1"}, 2)
 	// Agents first: they keep trying to join until the servers are there.
 	ga := newGossipAgent(t, "ga", joins[:1], ports[0])
 	gb := newGossipAgent(t, "gb", joins[1:2], ports[1])

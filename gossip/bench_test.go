@@ -6,6 +6,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/skiff-dev/skiff/internal/freeport"
 )
 
 var benchMembers = flag.Int("gossip.members", 100, "members in the gossip convergence benchmark")
@@ -30,7 +32,7 @@ func BenchmarkGossipConvergence(b *testing.B) {
 		}
 	}()
 	start := func(name string, join []string) *Pool {
-		p, err := New(Config{Name: name, BindAddr: "127.0.0.1", BindPort: freePort(b), Meta: Meta{Role: RoleAgent, Nodes: []string{name}},
+		p, err := New(Config{Name: name, BindAddr: "127.0.0.1", BindPort: freeport.One(b), Meta: Meta{Role: RoleAgent, Nodes: []string{name}},
 			RetryJoin: join, RetryInterval: 200 * time.Millisecond})
 		if err != nil {
 			b.Fatal(err)

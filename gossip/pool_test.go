@@ -2,28 +2,13 @@ package gossip
 
 import (
 	"fmt"
-	"net"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
-)
 
-func freePort(t testing.TB) int {
-	for {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := ln.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		ln.Close()
-		if err == nil {
-			u.Close()
-			return port
-		}
-	}
-}
+	"github.com/skiff-dev/skiff/internal/freeport"
+)
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
@@ -38,7 +23,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 
 func TestJoinMetadataEventsAndLeave(t *testing.T) {
 	key := "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY=" // 32 bytes, base64
-	ports := []int{freePort(t), freePort(t), freePort(t)}
+	ports := []int{freeport.One(t), freeport.One(t), freeport.One(t)}
 	join := []string{fmt.Sprintf("127.0.0.1:%d", ports[0])}
 	var pools []*Pool
 	for i, port := range ports {
@@ -93,7 +78,7 @@ func TestJoinMetadataEventsAndLeave(t *testing.T) {
 }
 
 func TestWrongEncryptionKeyCannotJoin(t *testing.T) {
-	a, b := freePort(t), freePort(t)
+	a, b := freeport.One(t), freeport.One(t)
 	p1, err := New(Config{Name: "a", BindAddr: "127.0.0.1", BindPort: a, Local: true, EncryptKey: "MDEyMzQ1Njc4OWFiY2RlZg=="})
 	if err != nil {
 		t.Fatal(err)
@@ -109,7 +94,7 @@ func TestWrongEncryptionKeyCannotJoin(t *testing.T) {
 	if len(p1.Alive("")) != 1 {
 		t.Fatalf("a member with another key joined: %+v", p1.Alive(""))
 	}
-	if _, err := New(Config{Name: "c", BindAddr: "127.0.0.1", BindPort: freePort(t), EncryptKey: "not base64!"}); err == nil {
+	if _, err := New(Config{Name: "c", BindAddr: "127.0.0.1", BindPort: freeport.One(t), EncryptKey: "not base64!"}); err == nil {
 		t.Fatal("bad key accepted")
 	}
 }
@@ -118,7 +103,7 @@ func TestWrongEncryptionKeyCannotJoin(t *testing.T) {
 // with B gone, rejoins through A although its retry_join names only B.
 func TestRejoinThroughRememberedPeers(t *testing.T) {
 	peers := filepath.Join(t.TempDir(), "peers.json")
-	a, b, c := freePort(t), freePort(t), freePort(t)
+	a, b, c := freeport.One(t), freeport.One(t), freeport.One(t)
 	addr := func(port int) string { return fmt.Sprintf("127.0.0.1:%d", port) }
 	start := func(name string, port int, join []string, peersFile string) *Pool {
 		t.Helper()
@@ -170,7 +155,7 @@ func TestJoinAddresses(t *testing.T) {
 // (here restarted with nothing to join, as after a partition both sides have forgotten each other) the two
 // find each other again.
 func TestReconnectToFailedMember(t *testing.T) {
-	a, b := freePort(t), freePort(t)
+	a, b := freeport.One(t), freeport.One(t)
 	start := func(name string, port int, join []string) *Pool {
 		t.Helper()
 		p, err := New(Config{Name: name, BindAddr: "127.0.0.1", BindPort: port, RetryJoin: join, RetryInterval: 50 * time.Millisecond,

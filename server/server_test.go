@@ -15,7 +15,7 @@ import (
 
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/gossip"
-	"github.com/skiff-dev/skiff/internal/proctest"
+	"github.com/skiff-dev/skiff/internal/freeport"
 	rt "github.com/skiff-dev/skiff/raftnode/raftnodetest"
 )
 
@@ -63,7 +63,7 @@ type testPeer struct {
 
 func freePort(t testing.TB, ip string) int {
 	t.Helper()
-	return proctest.FreePorts(t, []string{ip}, 1)[0]
+	return freeport.One(t, ip)
 }
 
 func newPeers(t testing.TB, n, expect int) []*testPeer {

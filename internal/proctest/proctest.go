@@ -6,8 +6,6 @@ package proctest
 import (
 	"bytes"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/skiff-dev/skiff/internal/freeport"
 	"github.com/skiff-dev/skiff/raftnode/raftnodetest"
 )
 
@@ -61,53 +60,6 @@ func Binary(t testing.TB) string {
 	return binPath
 }
 
-// FreePorts finds n ports free for TCP and UDP on every one of ips. They come from below Linux's ephemeral
-// range (32768-60999), so that no outgoing connection of a process started earlier can take one before
-// the process meant to listen on it binds it (seen as "address already in use" when a server started), and
-// no port is handed out twice in one test process.
-func FreePorts(t testing.TB, ips []string, n int) []int {
-	t.Helper()
-	portsMu.Lock()
-	defer portsMu.Unlock()
-	var ports []int
-	for tries := 0; len(ports) < n; tries++ {
-		if tries > 10000 {
-			t.Fatalf("no free port for %v", ips)
-		}
-		port := 20000 + rand.IntN(32768-20000)
-		if handedOut[port] || !PortsFree(ips, port) {
-			continue
-		}
-		handedOut[port] = true
-		ports = append(ports, port)
-	}
-	return ports
-}
-
-var (
-	portsMu   sync.Mutex
-	handedOut = map[int]bool{}
-)
-
-// PortsFree reports whether port is free for TCP and UDP on every one of ips.
-func PortsFree(ips []string, port int) bool {
-	for _, ip := range ips {
-		addr := fmt.Sprintf("%s:%d", ip, port)
-		l, err1 := net.Listen("tcp", addr)
-		u, err2 := net.ListenPacket("udp", addr)
-		if l != nil {
-			l.Close()
-		}
-		if u != nil {
-			u.Close()
-		}
-		if err1 != nil || err2 != nil {
-			return false
-		}
-	}
-	return true
-}
-
 // Proc is one skiff server process.
 type Proc struct {
 	Name     string
@@ -137,7 +89,7 @@ func NewCluster(t testing.TB, n int, extraServerHCL string) *Cluster {
 	for i := 1; i <= n; i++ {
 		ips = append(ips, fmt.Sprintf("127.0.0.%d", i))
 	}
-	ports := FreePorts(t, ips, 3)
+	ports := freeport.Take(t, ips, 3)
 	var joins []string
 	for _, ip := range ips {
 		joins = append(joins, fmt.Sprintf("%q", fmt.Sprintf("%s:%d", ip, ports[2])))

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/skiff-dev/skiff/config"
-	"github.com/skiff-dev/skiff/internal/proctest"
+	"github.com/skiff-dev/skiff/internal/freeport"
 	"github.com/skiff-dev/skiff/server"
 )
 
@@ -106,7 +106,7 @@ func waitForAPI(t testing.TB, kubeconfig string) (*rest.Config, kubernetes.Inter
 
 func freePort(t testing.TB, ip string) int {
 	t.Helper()
-	return proctest.FreePorts(t, []string{ip}, 1)[0]
+	return freeport.One(t, ip)
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -16,6 +16,8 @@ import (
 
 	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/raftnode"
+
+	"github.com/skiff-dev/skiff/internal/freeport"
 )
 
 // Cluster is a set of in-process peers.
@@ -39,7 +41,7 @@ func TestCluster(t testing.TB, n int, opts ...Option) *Cluster {
 		cfg := raftnode.DefaultConfig()
 		cfg.ID = fmt.Sprintf("peer-%d", i)
 		cfg.DataDir = t.TempDir()
-		cfg.BindAddr = freeAddr(t)
+		cfg.BindAddr = fmt.Sprintf("127.0.0.1:%d", freeport.One(t))
 		cfg.HeartbeatTimeout = 100 * time.Millisecond
 		cfg.ElectionTimeout = 100 * time.Millisecond
 		cfg.LeaderLeaseTimeout = 50 * time.Millisecond
@@ -75,15 +77,6 @@ func TestCluster(t testing.TB, n int, opts ...Option) *Cluster {
 type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) { w.t.Logf("%s", p); return len(p), nil }
-
-func freeAddr(t testing.TB) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 // Size returns the number of peers, running or not.
 func (c *Cluster) Size() int { return len(c.cfgs) }
