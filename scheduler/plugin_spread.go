@@ -72,21 +72,26 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 		return
 	}
 	required := nodeaffinity.GetRequiredNodeAffinity(pod)
-	admits := func(c *spreadConstraint, n *NodeInfo) bool {
-		if c.honorAffinity {
-			if ok, err := required.Match(n.Node); !ok || err != nil {
-				return false
-			}
+	// inclusion tells, once per node, whether the pod's node affinity and its tolerations admit it, for the
+	// policies some constraint honours; each constraint then applies its own.
+	var needAffinity, needTaints bool
+	for _, c := range cs {
+		needAffinity, needTaints = needAffinity || c.honorAffinity, needTaints || c.honorTaints
+	}
+	inclusion := func(n *NodeInfo) (affinityOK, taintsOK bool) {
+		affinityOK, taintsOK = true, true
+		if needAffinity {
+			ok, err := required.Match(n.Node)
+			affinityOK = ok && err == nil
 		}
-		if c.honorTaints {
-			if _, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), n.Node.Spec.Taints, pod.Spec.Tolerations,
+		if needTaints {
+			_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), n.Node.Spec.Taints, pod.Spec.Tolerations,
 				func(t *corev1.Taint) bool {
 					return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
-				}, false); untolerated {
-				return false
-			}
+				}, false)
+			taintsOK = !untolerated
 		}
-		return true
+		return affinityOK, taintsOK
 	}
 	matches := func(c *spreadConstraint, existing *corev1.Pod) bool {
 		return existing.Namespace == pod.Namespace && existing.DeletionTimestamp == nil && c.selector.Matches(labels.Set(existing.Labels))
@@ -122,8 +127,9 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 		if !hasKeys(n.Node.Labels, cs) {
 			continue
 		}
+		affinityOK, taintsOK := inclusion(n)
 		for i, c := range cs {
-			if !admits(c, n) {
+			if (c.honorAffinity && !affinityOK) || (c.honorTaints && !taintsOK) {
 				continue
 			}
 			v := n.Node.Labels[c.topologyKey]
