@@ -46,11 +46,16 @@ type taintToleration struct{}
 
 func (taintToleration) Name() string { return "TaintToleration" }
 
-func (taintToleration) Filter(_ context.Context, _ *CycleState, pod *corev1.Pod, n *NodeInfo) *Status {
-	taint, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), n.Node.Spec.Taints, pod.Spec.Tolerations,
+// untoleratedTaint returns a NoSchedule or NoExecute taint of the node that the pod does not tolerate.
+func untoleratedTaint(pod *corev1.Pod, n *NodeInfo) (corev1.Taint, bool) {
+	return corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), n.Node.Spec.Taints, pod.Spec.Tolerations,
 		func(t *corev1.Taint) bool {
 			return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
 		}, false)
+}
+
+func (taintToleration) Filter(_ context.Context, _ *CycleState, pod *corev1.Pod, n *NodeInfo) *Status {
+	taint, untolerated := untoleratedTaint(pod, n)
 	if !untolerated {
 		return nil
 	}

@@ -8,9 +8,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
-	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
-	"k8s.io/klog/v2"
 )
 
 // podTopologySpread keeps the skew of matching pods across topology domains within maxSkew: as a filter
@@ -85,10 +83,7 @@ func (p podTopologySpread) count(pod *corev1.Pod, cs []*spreadConstraint, nodes 
 			affinityOK = ok && err == nil
 		}
 		if needTaints {
-			_, untolerated := corev1helpers.FindMatchingUntoleratedTaint(klog.Background(), n.Node.Spec.Taints, pod.Spec.Tolerations,
-				func(t *corev1.Taint) bool {
-					return t.Effect == corev1.TaintEffectNoSchedule || t.Effect == corev1.TaintEffectNoExecute
-				}, false)
+			_, untolerated := untoleratedTaint(pod, n)
 			taintsOK = !untolerated
 		}
 		return affinityOK, taintsOK
