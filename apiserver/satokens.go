@@ -81,7 +81,7 @@ func (c *tokenClaims) bound(kind string) **objectRef {
 	}
 }
 
-// lookup reads an object by kind, namespace and name. Issuing a token reads consistently, so that the token
+// lookup reads an object by kind, namespace (ignored for a cluster-scoped kind) and name. Issuing a token reads consistently, so that the token
 // carries the UIDs of the objects as they are now. Authenticating reads the watch cache first, and the
 // store itself when the cache does not have the object (yet), so that a token for a just-created object
 // works at once.
@@ -90,7 +90,7 @@ func (t *serviceAccountTokens) lookup(ctx context.Context, kind, namespace, name
 	if store == nil {
 		return nil, fmt.Errorf("no store for %s", kind)
 	}
-	if namespace != "" {
+	if store.NamespaceScoped() { // a Node is looked up without the token's namespace
 		ctx = genericapirequest.WithNamespace(ctx, namespace)
 	}
 	opts := &metav1.GetOptions{ResourceVersion: "0"} // the watch cache
@@ -147,11 +147,7 @@ func (r *tokenRequestREST) Create(ctx context.Context, name string, obj runtime.
 		if ref.APIVersion != "" && ref.APIVersion != "v1" {
 			return nil, apierrors.NewBadRequest(fmt.Sprintf("cannot bind token to object of type %s, %s", ref.APIVersion, ref.Kind))
 		}
-		refNamespace := namespace
-		if ref.Kind == "Node" {
-			refNamespace = ""
-		}
-		bound, err := r.tokens.lookup(ctx, ref.Kind, refNamespace, ref.Name, true)
+		bound, err := r.tokens.lookup(ctx, ref.Kind, namespace, ref.Name, true)
 		if err != nil {
 			return nil, err
 		}
@@ -249,11 +245,7 @@ func (t *serviceAccountTokens) authenticate(ctx context.Context, token string) (
 		if ref == nil {
 			continue
 		}
-		namespace := k.Namespace
-		if kind == "Node" {
-			namespace = ""
-		}
-		if err := t.stillValid(ctx, kind, namespace, ref); err != nil {
+		if err := t.stillValid(ctx, kind, k.Namespace, ref); err != nil {
 			return nil, false, err
 		}
 		switch kind {
