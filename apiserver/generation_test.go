@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
@@ -51,8 +52,17 @@ func TestGeneration(t *testing.T) {
 			t.Fatalf("%s: generation %d, want %d", step.what, rs.Generation, step.want)
 		}
 	}
-	rs.Status.Replicas = 3
-	if rs, err = rsClient.UpdateStatus(ctx, rs, metav1.UpdateOptions{}); err != nil {
+	// The ReplicaSet controller writes this status too, so a write may meet a newer version: read and retry.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := rsClient.Get(ctx, "gen", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Status.Replicas = 3
+		rs, err = rsClient.UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	if rs.Generation != 3 {
