@@ -1,7 +1,14 @@
-// Package freeport hands tests ports to listen on, for TCP and UDP alike. Ports come from below Linux's
-// ephemeral range (32768-60999), so that no outgoing connection of a process started earlier can take one
-// before the process meant to listen on it binds it (seen as "address already in use" when a server
-// started), and no port is handed out twice in one test process.
+// Package freeport hands tests ports to listen on, for TCP and UDP alike.
+//
+// Ports come from below Linux's ephemeral range (32768-60999), so that no outgoing connection of a process
+// started earlier can take one before the process meant to listen on it binds it (seen as "address already in
+// use" when a server started).
+//
+// A port is handed out once per machine, not just once per process: `go test ./...` runs packages in parallel
+// processes, and a test that stops a server and starts it again on the same port (a restart) leaves that port
+// unbound for a moment, when another process's check would find it free. Each port handed out is therefore
+// claimed by binding the abstract Unix socket "@skiff-freeport-<port>", which the kernel releases when the
+// process exits, however it exits, and which leaves nothing behind on disk.
 package freeport
 
 import (
@@ -13,8 +20,10 @@ import (
 )
 
 var (
-	mu        sync.Mutex
-	handedOut = map[int]bool{}
+	mu sync.Mutex
+	// claims holds this process's claim on each port it handed out. A closed (or garbage-collected) listener
+	// would release the claim, so they are kept for the life of the process.
+	claims = map[int]net.Listener{}
 )
 
 // Take returns n ports free for TCP and UDP on every one of ips.
@@ -28,14 +37,30 @@ func Take(t testing.TB, ips []string, n int) []int {
 			t.Fatalf("no free port for %v", ips)
 		}
 		port := 20000 + rand.IntN(32768-20000)
-		if handedOut[port] || !Free(ips, port) {
+		if claims[port] != nil || !claim(port) {
 			continue
 		}
-		handedOut[port] = true
+		if !Free(ips, port) {
+			claims[port].Close()
+			delete(claims, port)
+			continue
+		}
 		ports = append(ports, port)
 	}
 	return ports
 }
+
+// claim claims port for this process machine-wide; it fails when another process (or this one) holds it.
+func claim(port int) bool {
+	l, err := net.Listen("unix", claimName(port))
+	if err != nil {
+		return false
+	}
+	claims[port] = l
+	return true
+}
+
+func claimName(port int) string { return fmt.Sprintf("@skiff-freeport-%d", port) }
 
 // One returns one port free for TCP and UDP on 127.0.0.1, or on ip when given.
 func One(t testing.TB, ip ...string) int {
