@@ -83,7 +83,8 @@ func TestDevServerOperatorCommands(t *testing.T) {
 // group is killed and, on failure, the output logged. exited receives the process's exit.
 func startDev(t *testing.T, bin, dir string, extra ...string) (cmd *exec.Cmd, exited chan error) {
 	t.Helper()
-	args := append([]string{"dev", "-data-dir", dir, "-api-port", fmt.Sprint(freeTCPPort(t)), "-log-level", "warn"}, extra...)
+	port := freeport.Run(t, 3) // dev listens on it (API), on port+1 (Raft) and on port+2 (gossip)
+	args := append([]string{"dev", "-data-dir", dir, "-api-port", fmt.Sprint(port), "-log-level", "warn"}, extra...)
 	cmd = exec.Command(bin, args...)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
@@ -101,20 +102,6 @@ func startDev(t *testing.T, bin, dir string, extra ...string) (cmd *exec.Cmd, ex
 		}
 	})
 	return cmd, exited
-}
-
-// freeTCPPort finds a port whose next two ports are free too (dev uses api, api+1, api+2; gossip needs UDP).
-func freeTCPPort(t *testing.T) int {
-	for {
-		ports := freeport.Take(t, []string{"127.0.0.1"}, 1)
-		p := ports[0]
-		if p > 65000 {
-			continue
-		}
-		if freeport.Free([]string{"127.0.0.1"}, p+1) && freeport.Free([]string{"127.0.0.1"}, p+2) {
-			return p
-		}
-	}
 }
 
 // A newcomer's first steps: `skiff dev` runs a node agent beside its server, with a busybox image that needs

@@ -41,8 +41,7 @@ func Take(t testing.TB, ips []string, n int) []int {
 			continue
 		}
 		if !Free(ips, port) {
-			claims[port].Close()
-			delete(claims, port)
+			release([]int{port})
 			continue
 		}
 		ports = append(ports, port)
@@ -60,7 +59,44 @@ func claim(port int) bool {
 	return true
 }
 
+func release(ports []int) {
+	for _, p := range ports {
+		claims[p].Close()
+		delete(claims, p)
+	}
+}
+
+func free(ips []string, ports []int) bool {
+	for _, p := range ports {
+		if !Free(ips, p) {
+			return false
+		}
+	}
+	return true
+}
+
 func claimName(port int) string { return fmt.Sprintf("@skiff-freeport-%d", port) }
+
+// Run returns the first of n consecutive ports free for TCP and UDP on 127.0.0.1, for programs that take a
+// base port and use the ones after it.
+func Run(t testing.TB, n int) int {
+	t.Helper()
+	mu.Lock()
+	defer mu.Unlock()
+	for tries := 0; tries < 10000; tries++ {
+		first := 20000 + rand.IntN(32768-20000-n)
+		var got []int
+		for p := first; p < first+n && claims[p] == nil && claim(p); p++ {
+			got = append(got, p)
+		}
+		if len(got) == n && free([]string{"127.0.0.1"}, got) {
+			return first
+		}
+		release(got)
+	}
+	t.Fatalf("no %d consecutive free ports", n)
+	return 0
+}
 
 // One returns one port free for TCP and UDP on 127.0.0.1, or on ip when given.
 func One(t testing.TB, ip ...string) int {

@@ -46,3 +46,15 @@ func TestClaimFailsWhileAnotherHoldsThePort(t *testing.T) {
 		t.Fatalf("could not claim port %d after its holder released it", port)
 	}
 }
+
+func TestRunClaimsConsecutivePorts(t *testing.T) {
+	first := Run(t, 3)
+	for p := first; p < first+3; p++ {
+		if claims[p] == nil {
+			t.Fatalf("port %d of the run from %d is not claimed", p, first)
+		}
+		if _, err := net.Listen("unix", claimName(p)); err == nil {
+			t.Fatalf("port %d of the run could be claimed again", p)
+		}
+	}
+}
