@@ -86,7 +86,8 @@ spec:
   containers:
   - name: httpd
     image: skiff.local/busybox:1
-    command: ["sh", "-c", "mkdir -p /www && echo hello-from-agent-1 > /www/index.html && httpd -f -p 8080 -h /www"]
+    # /cgi-bin/peer answers with the source address the connection arrived from.
+    command: ["sh", "-c", "mkdir -p /www/cgi-bin && echo hello-from-agent-1 > /www/index.html && printf '#!/bin/sh\\necho\\necho peer=$REMOTE_ADDR\\n' > /www/cgi-bin/peer && chmod +x /www/cgi-bin/peer && httpd -f -p 8080 -h /www"]
 `)
 	proctest.WaitFor(t, "web Running", 90*time.Second, func() error {
 		if s := k.podStatusColumn("web"); s != "Running" {
@@ -104,10 +105,13 @@ spec:
   containers:
   - name: wget
     image: skiff.local/busybox:1
-    # busybox-static's wget crashes on Debian; nc speaks the HTTP it needs.
-    command: ["sh", "-c", "printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | nc -w 3 %s 8080 | grep hello-from-agent-1"]
+    env: [{name: POD_IP, valueFrom: {fieldRef: {fieldPath: status.podIP}}}]
+    # busybox-static's wget crashes on Debian; nc speaks the HTTP it needs. Pods reach each other without NAT
+    # (Kubernetes' network model): web must see the client's own pod IP, not its node's address. (httpd
+    # listens on IPv6 too, and writes the address as [::ffff:10.244.0.2].)
+    command: ["sh", "-c", "get() { printf \"GET $1 HTTP/1.0\\r\\n\\r\\n\" | nc -w 3 %[1]s 8080; }; get /index.html | grep hello-from-agent-1 && get /cgi-bin/peer | grep -E \"^peer=\\\\[?(::ffff:)?$POD_IP\\\\]?$\""]
 `, webIP))
-	proctest.WaitFor(t, "client on agent-2 fetched from web on agent-1", 90*time.Second, func() error {
+	proctest.WaitFor(t, "client on agent-2 fetched from web on agent-1, which saw the client's pod IP", 90*time.Second, func() error {
 		if s := k.podStatusColumn("client"); s != "Completed" {
 			return fmt.Errorf("STATUS %s", s)
 		}

@@ -29,10 +29,13 @@ type podNetwork struct {
 
 // bridgeName is a per-node Linux bridge name (at most 15 bytes), stable across restarts and distinct for two
 // agents on one host.
-func bridgeName(node, dataDir string) string {
+func bridgeName(node, dataDir string) string { return "skiff" + hostID(node, dataDir) }
+
+// hostID names what one agent makes on its host (bridge, nat chain): 8 hex digits, stable across restarts.
+func hostID(node, dataDir string) string {
 	h := fnv.New32a()
 	h.Write([]byte(node + "\x00" + dataDir))
-	return fmt.Sprintf("skiff%08x", h.Sum32())
+	return fmt.Sprintf("%08x", h.Sum32())
 }
 
 func newPodNetwork(node, dataDir, podCIDR string) (*podNetwork, error) {
@@ -46,7 +49,8 @@ func newPodNetwork(node, dataDir, podCIDR string) (*podNetwork, error) {
 		"name":       "skiff",
 		"plugins": []any{
 			map[string]any{
-				"type": "bridge", "bridge": bridge, "isGateway": true, "ipMasq": true, "hairpinMode": true,
+				"type": "bridge", "bridge": bridge, "isGateway": true, "hairpinMode": true,
+				// No ipMasq: it would SNAT pod-to-pod traffic across nodes (see masquerade.go).
 				"ipam": map[string]any{
 					"type": "host-local", "dataDir": ipamDir,
 					"ranges": [][]map[string]string{{{"subnet": podCIDR}}},

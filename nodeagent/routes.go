@@ -4,6 +4,8 @@ import (
 	"context"
 	"net"
 	"os/exec"
+	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -13,9 +15,15 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
+// podCIDRsUser is a runtime that wants every Node's pod CIDR (the containerd runtime's masquerade).
+type podCIDRsUser interface {
+	setPodCIDRs(ctx context.Context, sorted []string)
+}
+
 // syncPodRoutes routes every other Node's pod CIDR via that Node's InternalIP, as flannel's host-gw mode
 // does, so that pods on different nodes of one L2 network reach each other. It follows the Node objects:
-// a route appears when a Node registers and goes when it is deleted. Only routes it made are removed.
+// a route appears when a Node registers and goes when it is deleted. Only routes it made are removed. The
+// runtime hears of every pod CIDR too, to exempt pod-to-pod traffic from masquerade.
 func (a *Agent) syncPodRoutes(ctx context.Context) {
 	factory := informers.NewSharedInformerFactory(a.client, 0)
 	nodes := factory.Core().V1().Nodes()
@@ -33,10 +41,15 @@ func (a *Agent) syncPodRoutes(ctx context.Context) {
 		return
 	}
 	routed := map[string]string{} // pod CIDR → gateway, as programmed
+	masq, _ := a.runtime.(podCIDRsUser)
 	for {
 		want := map[string]string{}
+		var podCIDRs []string
 		list, _ := nodes.Lister().List(labels.Everything())
 		for _, n := range list {
+			if n.Spec.PodCIDR != "" && !slices.Contains(podCIDRs, n.Spec.PodCIDR) {
+				podCIDRs = append(podCIDRs, n.Spec.PodCIDR)
+			}
 			if a.nodes[n.Name] || n.Spec.PodCIDR == "" {
 				continue
 			}
@@ -56,6 +69,10 @@ func (a *Agent) syncPodRoutes(ctx context.Context) {
 			}
 			routed[cidr] = via
 			a.logger.Info("routing pod CIDR", "cidr", cidr, "via", via)
+		}
+		if masq != nil {
+			sort.Strings(podCIDRs)
+			masq.setPodCIDRs(ctx, podCIDRs)
 		}
 		for cidr, via := range routed {
 			if want[cidr] == "" {

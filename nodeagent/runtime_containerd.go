@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -76,6 +77,7 @@ type containerdRuntime struct {
 	pauseMu  sync.Mutex
 	mu       sync.Mutex
 	network  *podNetwork
+	podCIDRs []string                                              // every Node's pod CIDR, as setPodCIDRs last heard: exempt from masquerade
 	watching map[string]bool                                       // container IDs with an exit watcher
 	waiting  map[types.UID]map[string]corev1.ContainerStateWaiting // why a container is not running yet
 	events   map[string]bool                                       // one-time events already recorded
@@ -142,9 +144,39 @@ func (r *containerdRuntime) podNetwork() (*podNetwork, error) {
 		if err != nil {
 			return nil, err
 		}
+		// Before the first pod is wired: with the bridge's ipMasq off, its egress depends on the chain.
+		if err := r.syncMasqueradeLocked(context.Background()); err != nil {
+			return nil, err
+		}
 		r.network = n
 	}
 	return r.network, nil
+}
+
+// setPodCIDRs hands the runtime every Node's pod CIDR (sorted); traffic to them is not masqueraded.
+func (r *containerdRuntime) setPodCIDRs(ctx context.Context, cidrs []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if slices.Equal(cidrs, r.podCIDRs) {
+		return
+	}
+	r.podCIDRs = cidrs
+	if r.podCIDR == "" {
+		return // podNetwork writes the chain before the first pod, once the pod CIDR is known
+	}
+	if err := r.syncMasqueradeLocked(ctx); err != nil {
+		r.logger.Warn("updating the pod egress masquerade", "error", err)
+		r.podCIDRs = nil // retried on the next call
+	}
+}
+
+// syncMasqueradeLocked writes the node's masquerade chain; r.mu is held.
+func (r *containerdRuntime) syncMasqueradeLocked(ctx context.Context) error {
+	exempt := r.podCIDRs
+	if !slices.Contains(exempt, r.podCIDR) { // agent.pod_cidr may differ from the Node's spec
+		exempt = append([]string{r.podCIDR}, exempt...)
+	}
+	return syncMasquerade(ctx, masqueradeChain(r.cfg.Name, r.cfg.DataDir), r.podCIDR, exempt)
 }
 
 func (r *containerdRuntime) podDir(pod *corev1.Pod) string {
@@ -815,7 +847,7 @@ func stopSignal(name string) syscall.Signal {
 const podCIDRFile = "pod-cidr"
 
 // Teardown removes everything an agent with this configuration runs on the host: every pod's containers,
-// sandbox, network namespace, IP and volumes, then the node's bridge. It uses the agent's containerd (a
+// sandbox, network namespace, IP and volumes, then the node's bridge and masquerade chain. It uses the agent's containerd (a
 // private one is started for the purpose and stopped after). `skiff agent -teardown` runs it to decommission
 // a node; tests run it so that a failed test leaves nothing behind.
 func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error {
@@ -840,6 +872,7 @@ func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error
 	if out, err := exec.CommandContext(ctx, "ip", "link", "del", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
 		errs = append(errs, fmt.Errorf("removing bridge %s: %v: %s", bridge, err, out))
 	}
+	errs = append(errs, removeMasquerade(ctx, masqueradeChain(cfg.Name, cfg.DataDir)))
 	// Mounts a killed containerd left behind under the data dir (its temporary unpack mounts, say).
 	errs = append(errs, unmountUnder(cfg.DataDir))
 	// The parent cgroups runc made for the containers' /skiff/<id> paths; rmdir removes only empty ones, so

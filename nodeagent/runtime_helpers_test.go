@@ -753,7 +753,7 @@ func TestNewPodNetwork(t *testing.T) {
 	if err := json.Unmarshal(n.list.Plugins[0].Bytes, &bridge); err != nil {
 		t.Fatal(err)
 	}
-	if bridge.Type != "bridge" || bridge.Bridge != n.bridge || !bridge.IsGateway || !bridge.IPMasq || bridge.IPAM.Type != "host-local" ||
+	if bridge.Type != "bridge" || bridge.Bridge != n.bridge || !bridge.IsGateway || bridge.IPMasq || bridge.IPAM.Type != "host-local" ||
 		bridge.IPAM.DataDir != filepath.Join(dir, "cni", "ipam") || !reflect.DeepEqual(bridge.IPAM.Ranges, [][]map[string]string{{{"subnet": "10.42.3.0/24"}}}) {
 		t.Errorf("bridge plugin %s", n.list.Plugins[0].Bytes)
 	}

@@ -18,7 +18,7 @@ func runAgent(args []string) int {
 	configPath := fs.String("config", "", "HCL configuration file")
 	name := fs.String("name", "", "node name (overrides the file)")
 	dataDir := fs.String("data-dir", "", "data directory (overrides the file)")
-	teardown := fs.Bool("teardown", false, "remove every pod, network namespace, IP and the bridge this agent made on the host, then exit")
+	teardown := fs.Bool("teardown", false, "remove every pod, network namespace, IP, the bridge and the masquerade chain this agent made on the host, then exit")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}

@@ -1,0 +1,111 @@
+package nodeagent
+
+import (
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+)
+
+// Pod egress masquerade. Kubernetes' network model has pods reach each other without NAT: a pod must see
+// another node's pod connect from that pod's own IP. The CNI bridge plugin's ipMasq would SNAT everything
+// leaving the node's own pod CIDR, other nodes' pods included, so it is off, and the agent keeps this rule
+// set instead: traffic from the node's pod CIDR to any Node's pod CIDR keeps its source, and traffic to
+// anywhere else (the internet, hosts) is masqueraded behind the node's address.
+//
+//	nat POSTROUTING: -s <node pod CIDR> -j SKIFF-MASQ-<id>
+//	SKIFF-MASQ-<id>: -d <each Node's pod CIDR> -j RETURN; -d 224.0.0.0/4 -j RETURN; -j MASQUERADE
+//
+// The chain is per node agent (like its bridge), so two agents on one host keep separate rules, and it
+// outlives the agent process, as pods do; `skiff agent -teardown` removes it.
+
+// masqueradeChain is the agent's nat chain (iptables allows 28 bytes).
+func masqueradeChain(node, dataDir string) string {
+	return "SKIFF-MASQ-" + hostID(node, dataDir)
+}
+
+// masqueradeRules is the iptables-restore input that replaces the chain's rules atomically (--noflush leaves
+// every other chain alone; declaring the chain empties it).
+func masqueradeRules(chain string, podCIDRs []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "*nat\n:%s - [0:0]\n", chain)
+	for _, cidr := range podCIDRs {
+		fmt.Fprintf(&b, "-A %s -d %s -m comment --comment \"pod network: no NAT\" -j RETURN\n", chain, cidr)
+	}
+	fmt.Fprintf(&b, "-A %s -d 224.0.0.0/4 -j RETURN\n", chain)
+	fmt.Fprintf(&b, "-A %s -j MASQUERADE\n", chain)
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// syncMasquerade writes the chain with podCIDRs (every Node's, this node's included) exempt, then makes sure
+// POSTROUTING sends the node's pod traffic to it.
+func syncMasquerade(ctx context.Context, chain, nodePodCIDR string, podCIDRs []string) error {
+	restore := exec.CommandContext(ctx, "iptables-restore", "--noflush", "-w", "5")
+	restore.Stdin = strings.NewReader(masqueradeRules(chain, podCIDRs))
+	if out, err := restore.CombinedOutput(); err != nil {
+		return fmt.Errorf("iptables-restore of %s: %v: %s", chain, err, strings.TrimSpace(string(out)))
+	}
+	jump := func(op string) *exec.Cmd {
+		return exec.CommandContext(ctx, "iptables", "-w", "5", "-t", "nat", op, "POSTROUTING",
+			"-s", nodePodCIDR, "-m", "comment", "--comment", "skiff pod egress", "-j", chain)
+	}
+	if jump("-C").Run() == nil {
+		return nil
+	}
+	if out, err := jump("-A").CombinedOutput(); err != nil {
+		return fmt.Errorf("adding the POSTROUTING jump to %s: %v: %s", chain, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// removeMasquerade deletes every POSTROUTING rule that jumps to the chain, then the chain. It is idempotent.
+func removeMasquerade(ctx context.Context, chain string) error {
+	out, err := exec.CommandContext(ctx, "iptables", "-w", "5", "-t", "nat", "-S", "POSTROUTING").Output()
+	if err != nil {
+		return fmt.Errorf("listing nat POSTROUTING: %v", err)
+	}
+	for _, rule := range strings.Split(string(out), "\n") {
+		if !strings.HasPrefix(rule, "-A POSTROUTING ") || !strings.HasSuffix(rule, " -j "+chain) {
+			continue
+		}
+		// iptables -S prints rules as arguments that -D takes back; the comment is the only quoted one.
+		args := append([]string{"-w", "5", "-t", "nat", "-D"}, splitRule(strings.TrimPrefix(rule, "-A "))...)
+		if out, err := exec.CommandContext(ctx, "iptables", args...).CombinedOutput(); err != nil {
+			return fmt.Errorf("removing %q: %v: %s", rule, err, strings.TrimSpace(string(out)))
+		}
+	}
+	for _, op := range []string{"-F", "-X"} {
+		out, err := exec.CommandContext(ctx, "iptables", "-w", "5", "-t", "nat", op, chain).CombinedOutput()
+		if err != nil && !strings.Contains(string(out), "No chain") && !strings.Contains(string(out), "does not exist") {
+			return fmt.Errorf("iptables %s %s: %v: %s", op, chain, err, strings.TrimSpace(string(out)))
+		}
+	}
+	return nil
+}
+
+// splitRule splits an `iptables -S` rule into arguments, keeping double-quoted words whole.
+func splitRule(rule string) []string {
+	var args []string
+	var cur strings.Builder
+	quoted, inWord := false, false
+	for _, c := range rule {
+		switch {
+		case c == '"':
+			quoted, inWord = !quoted, true
+		case c == ' ' && !quoted:
+			if inWord {
+				args = append(args, cur.String())
+				cur.Reset()
+			}
+			inWord = false
+		default:
+			cur.WriteRune(c)
+			inWord = true
+		}
+	}
+	if inWord {
+		args = append(args, cur.String())
+	}
+	return args
+}

@@ -1,0 +1,98 @@
+package nodeagent
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestMasqueradeRules(t *testing.T) {
+	got := masqueradeRules("SKIFF-MASQ-0000abcd", []string{"10.244.0.0/24", "10.244.1.0/24"})
+	want := `*nat
+:SKIFF-MASQ-0000abcd - [0:0]
+-A SKIFF-MASQ-0000abcd -d 10.244.0.0/24 -m comment --comment "pod network: no NAT" -j RETURN
+-A SKIFF-MASQ-0000abcd -d 10.244.1.0/24 -m comment --comment "pod network: no NAT" -j RETURN
+-A SKIFF-MASQ-0000abcd -d 224.0.0.0/4 -j RETURN
+-A SKIFF-MASQ-0000abcd -j MASQUERADE
+COMMIT
+`
+	if got != want {
+		t.Fatalf("rules:\n%s\nwant:\n%s", got, want)
+	}
+	if c := masqueradeChain("node-1", "/var/lib/skiff"); len(c) > 28 || !strings.HasPrefix(c, "SKIFF-MASQ-") || c != masqueradeChain("node-1", "/var/lib/skiff") {
+		t.Fatalf("chain name %q", c)
+	}
+}
+
+func TestSplitRule(t *testing.T) {
+	got := splitRule(`POSTROUTING -s 10.244.1.0/24 -m comment --comment "skiff pod egress" -j SKIFF-MASQ-1`)
+	want := []string{"POSTROUTING", "-s", "10.244.1.0/24", "-m", "comment", "--comment", "skiff pod egress", "-j", "SKIFF-MASQ-1"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("%q", got)
+	}
+}
+
+// The chain and its POSTROUTING jump on the real iptables, with a uniquely named chain and a documentation
+// CIDR (TEST-NET-2), removed even when the test fails.
+func TestSyncAndRemoveMasquerade(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for iptables")
+	}
+	if _, err := exec.LookPath("iptables-restore"); err != nil {
+		t.Skip("iptables not installed (make setup installs it)")
+	}
+	ctx := context.Background()
+	chain := fmt.Sprintf("SKIFF-MASQ-t%07x", rand.IntN(1<<28))
+	t.Cleanup(func() {
+		if err := removeMasquerade(ctx, chain); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	nat := func() string {
+		out, err := exec.Command("iptables-save", "-t", "nat").Output()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mine []string
+		for _, line := range strings.Split(string(out), "\n") {
+			if strings.Contains(line, chain) {
+				mine = append(mine, line)
+			}
+		}
+		return strings.Join(mine, "\n")
+	}
+	for _, cidrs := range [][]string{{"198.51.100.0/24"}, {"198.51.100.0/24", "198.51.101.0/24"}} {
+		// Twice each: the sync is idempotent, one jump and one copy of each rule.
+		for range 2 {
+			if err := syncMasquerade(ctx, chain, "198.51.100.0/24", cidrs); err != nil {
+				t.Fatal(err)
+			}
+		}
+		got := nat()
+		if n := strings.Count(got, "-A POSTROUTING -s 198.51.100.0/24"); n != 1 {
+			t.Fatalf("%d POSTROUTING jumps:\n%s", n, got)
+		}
+		for _, cidr := range cidrs {
+			if strings.Count(got, "-A "+chain+" -d "+cidr) != 1 {
+				t.Fatalf("exemption of %s missing or repeated:\n%s", cidr, got)
+			}
+		}
+		if !strings.HasSuffix(got, "-A "+chain+" -j MASQUERADE") {
+			t.Fatalf("masquerade is not the last rule:\n%s", got)
+		}
+	}
+	if err := removeMasquerade(ctx, chain); err != nil {
+		t.Fatal(err)
+	}
+	if got := nat(); got != "" {
+		t.Fatalf("left after removal:\n%s", got)
+	}
+	if err := removeMasquerade(ctx, chain); err != nil {
+		t.Fatalf("second removal: %v", err)
+	}
+}
