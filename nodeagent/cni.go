@@ -125,13 +125,18 @@ func (n *podNetwork) add(ctx context.Context, sandboxID, netns string, pod *core
 }
 
 // del detaches the sandbox and releases its IP. It works from the CNI cache, so it also succeeds after the
-// network namespace is gone, and it is idempotent.
+// network namespace is gone, and it is idempotent. The configuration the pod was added with is the one
+// deleted with: a pod wired before an upgrade changed it (the bridge's ipMasq, say) has its own rules removed.
 func (n *podNetwork) del(ctx context.Context, sandboxID, netns string, pod *corev1.Pod) error {
 	rt := n.runtimeConf(sandboxID, netns, pod)
+	list := n.list
 	if cached, cachedRT, err := n.cni.GetNetworkListCachedConfig(n.list, rt); err == nil && cached != nil && cachedRT != nil {
 		rt.CapabilityArgs = cachedRT.CapabilityArgs
+		if added, err := libcni.ConfListFromBytes(cached); err == nil {
+			list = added
+		}
 	}
-	if err := n.cni.DelNetworkList(ctx, n.list, rt); err != nil {
+	if err := n.cni.DelNetworkList(ctx, list, rt); err != nil {
 		return fmt.Errorf("CNI del: %w", err)
 	}
 	_ = n.cni.DelNetworkList(ctx, n.loopback, &libcni.RuntimeConf{ContainerID: sandboxID, NetNS: netns, IfName: "lo"})

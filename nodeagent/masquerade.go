@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -13,7 +14,7 @@ import (
 // set instead: traffic from the node's pod CIDR to any Node's pod CIDR keeps its source, and traffic to
 // anywhere else (the internet, hosts) is masqueraded behind the node's address.
 //
-//	nat POSTROUTING: -s <node pod CIDR> -j SKIFF-MASQ-<id>
+//	nat POSTROUTING (first rule): -s <node pod CIDR> -j SKIFF-MASQ-<id>
 //	SKIFF-MASQ-<id>: -d <each Node's pod CIDR> -j RETURN; -d 224.0.0.0/4 -j RETURN; -j MASQUERADE
 //
 // The chain is per node agent (like its bridge), so two agents on one host keep separate rules, and it
@@ -47,21 +48,34 @@ func syncMasquerade(ctx context.Context, chain, nodePodCIDR string, podCIDRs []s
 		return fmt.Errorf("iptables-restore of %s: %v: %s", chain, err, strings.TrimSpace(string(out)))
 	}
 	jump := func(op string) *exec.Cmd {
-		return exec.CommandContext(ctx, "iptables", "-w", "5", "-t", "nat", op, "POSTROUTING",
-			"-s", nodePodCIDR, "-m", "comment", "--comment", "skiff pod egress", "-j", chain)
+		args := []string{"-w", "5", "-t", "nat", op, "POSTROUTING"}
+		if op == "-I" {
+			args = append(args, "1")
+		}
+		args = append(args, "-s", nodePodCIDR, "-m", "comment", "--comment", "skiff pod egress", "-j", chain)
+		return exec.CommandContext(ctx, "iptables", args...)
 	}
-	if jump("-C").Run() == nil {
+	var exit *exec.ExitError
+	switch err := jump("-C").Run(); {
+	case err == nil:
 		return nil
+	case !errors.As(err, &exit) || exit.ExitCode() != 1: // 1 is "no such rule"; a lock timeout is not
+		return fmt.Errorf("checking the POSTROUTING jump to %s: %v", chain, err)
 	}
-	if out, err := jump("-A").CombinedOutput(); err != nil {
+	// First in POSTROUTING, so that no broader rule masquerades pod-to-pod traffic before it.
+	if out, err := jump("-I").CombinedOutput(); err != nil {
 		return fmt.Errorf("adding the POSTROUTING jump to %s: %v: %s", chain, err, strings.TrimSpace(string(out)))
 	}
 	return nil
 }
 
-// removeMasquerade deletes every POSTROUTING rule that jumps to the chain, then the chain. It is idempotent.
+// removeMasquerade deletes every POSTROUTING rule that jumps to the chain, then the chain. It is idempotent;
+// on a host without iptables there is nothing to remove.
 func removeMasquerade(ctx context.Context, chain string) error {
 	out, err := exec.CommandContext(ctx, "iptables", "-w", "5", "-t", "nat", "-S", "POSTROUTING").Output()
+	if errors.Is(err, exec.ErrNotFound) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("listing nat POSTROUTING: %v", err)
 	}

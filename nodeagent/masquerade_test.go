@@ -77,6 +77,9 @@ func TestSyncAndRemoveMasquerade(t *testing.T) {
 		if n := strings.Count(got, "-A POSTROUTING -s 198.51.100.0/24"); n != 1 {
 			t.Fatalf("%d POSTROUTING jumps:\n%s", n, got)
 		}
+		if first := firstPostrouting(t); !strings.HasSuffix(first, "-j "+chain) {
+			t.Fatalf("the jump is not POSTROUTING's first rule: %q", first)
+		}
 		for _, cidr := range cidrs {
 			if strings.Count(got, "-A "+chain+" -d "+cidr) != 1 {
 				t.Fatalf("exemption of %s missing or repeated:\n%s", cidr, got)
@@ -95,4 +98,17 @@ func TestSyncAndRemoveMasquerade(t *testing.T) {
 	if err := removeMasquerade(ctx, chain); err != nil {
 		t.Fatalf("second removal: %v", err)
 	}
+}
+
+func firstPostrouting(t *testing.T) string {
+	out, err := exec.Command("iptables", "-w", "5", "-t", "nat", "-S", "POSTROUTING").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(line, "-A POSTROUTING") {
+			return line
+		}
+	}
+	return ""
 }

@@ -17,7 +17,7 @@ import (
 
 // podCIDRsUser is a runtime that wants every Node's pod CIDR (the containerd runtime's masquerade).
 type podCIDRsUser interface {
-	setPodCIDRs(ctx context.Context, sorted []string)
+	setPodCIDRs(ctx context.Context, sorted []string, recheck bool)
 }
 
 // syncPodRoutes routes every other Node's pod CIDR via that Node's InternalIP, as flannel's host-gw mode
@@ -42,13 +42,15 @@ func (a *Agent) syncPodRoutes(ctx context.Context) {
 	}
 	routed := map[string]string{} // pod CIDR → gateway, as programmed
 	masq, _ := a.runtime.(podCIDRsUser)
+	recheck := false
 	for {
 		want := map[string]string{}
 		var podCIDRs []string
 		list, _ := nodes.Lister().List(labels.Everything())
 		for _, n := range list {
-			if n.Spec.PodCIDR != "" && !slices.Contains(podCIDRs, n.Spec.PodCIDR) {
-				podCIDRs = append(podCIDRs, n.Spec.PodCIDR)
+			// Only IPv4 CIDRs reach iptables: one bad value would fail the whole chain's restore.
+			if _, ipn, err := net.ParseCIDR(n.Spec.PodCIDR); err == nil && ipn.IP.To4() != nil && !slices.Contains(podCIDRs, ipn.String()) {
+				podCIDRs = append(podCIDRs, ipn.String())
 			}
 			if a.nodes[n.Name] || n.Spec.PodCIDR == "" {
 				continue
@@ -58,6 +60,11 @@ func (a *Agent) syncPodRoutes(ctx context.Context) {
 					want[n.Spec.PodCIDR] = addr.Address
 				}
 			}
+		}
+		// Before the routes: a new Node's pods must not be reachable while still masqueraded towards.
+		if masq != nil {
+			sort.Strings(podCIDRs)
+			masq.setPodCIDRs(ctx, podCIDRs, recheck)
 		}
 		for cidr, via := range want {
 			if routed[cidr] == via {
@@ -70,21 +77,19 @@ func (a *Agent) syncPodRoutes(ctx context.Context) {
 			routed[cidr] = via
 			a.logger.Info("routing pod CIDR", "cidr", cidr, "via", via)
 		}
-		if masq != nil {
-			sort.Strings(podCIDRs)
-			masq.setPodCIDRs(ctx, podCIDRs)
-		}
 		for cidr, via := range routed {
 			if want[cidr] == "" {
 				_ = exec.CommandContext(ctx, "ip", "route", "del", cidr, "via", via).Run()
 				delete(routed, cidr)
 			}
 		}
+		recheck = false
 		select {
 		case <-ctx.Done():
 			return
 		case <-kick:
-		case <-time.After(time.Minute): // routes someone else removed come back
+		case <-time.After(time.Minute): // routes and masquerade rules someone else removed come back
+			recheck = true
 		}
 	}
 }

@@ -74,10 +74,15 @@ type containerdRuntime struct {
 	crashBackoff *restartBackoff
 	pullBackoff  *restartBackoff
 
-	pauseMu  sync.Mutex
+	pauseMu sync.Mutex
+
+	// The pod egress masquerade chain (masquerade.go), under its own lock: iptables may wait for its lock.
+	masqMu      sync.Mutex
+	masqCIDRs   []string // every Node's pod CIDR, as setPodCIDRs last heard (nil until then)
+	masqApplied bool     // the chain holds masqCIDRs, written by this run of the agent
+
 	mu       sync.Mutex
 	network  *podNetwork
-	podCIDRs []string                                              // every Node's pod CIDR, as setPodCIDRs last heard: exempt from masquerade
 	watching map[string]bool                                       // container IDs with an exit watcher
 	waiting  map[types.UID]map[string]corev1.ContainerStateWaiting // why a container is not running yet
 	events   map[string]bool                                       // one-time events already recorded
@@ -144,39 +149,48 @@ func (r *containerdRuntime) podNetwork() (*podNetwork, error) {
 		if err != nil {
 			return nil, err
 		}
-		// Before the first pod is wired: with the bridge's ipMasq off, its egress depends on the chain.
-		if err := r.syncMasqueradeLocked(context.Background()); err != nil {
-			return nil, err
-		}
 		r.network = n
 	}
 	return r.network, nil
 }
 
-// setPodCIDRs hands the runtime every Node's pod CIDR (sorted); traffic to them is not masqueraded.
-func (r *containerdRuntime) setPodCIDRs(ctx context.Context, cidrs []string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if slices.Equal(cidrs, r.podCIDRs) {
+// ensureMasquerade writes the masquerade chain if this run of the agent has not yet: with the bridge's ipMasq
+// off, a new pod's egress depends on it. Only pod creation needs it, so deletions never wait on iptables.
+func (r *containerdRuntime) ensureMasquerade(ctx context.Context) error {
+	r.masqMu.Lock()
+	defer r.masqMu.Unlock()
+	if r.masqApplied {
+		return nil
+	}
+	return r.syncMasqueradeLocked(ctx)
+}
+
+// setPodCIDRs hands the runtime every Node's pod CIDR (sorted); traffic to them is not masqueraded. The chain
+// is rewritten when they changed, and on recheck, which repairs a chain or jump someone else removed.
+func (r *containerdRuntime) setPodCIDRs(ctx context.Context, cidrs []string, recheck bool) {
+	r.masqMu.Lock()
+	defer r.masqMu.Unlock()
+	if r.masqApplied && !recheck && slices.Equal(cidrs, r.masqCIDRs) {
 		return
 	}
-	r.podCIDRs = cidrs
+	r.masqCIDRs = cidrs
 	if r.podCIDR == "" {
-		return // podNetwork writes the chain before the first pod, once the pod CIDR is known
+		return // no pods without a pod CIDR: ensureMasquerade writes the chain before the first
 	}
 	if err := r.syncMasqueradeLocked(ctx); err != nil {
 		r.logger.Warn("updating the pod egress masquerade", "error", err)
-		r.podCIDRs = nil // retried on the next call
 	}
 }
 
-// syncMasqueradeLocked writes the node's masquerade chain; r.mu is held.
+// syncMasqueradeLocked writes the node's masquerade chain; r.masqMu is held.
 func (r *containerdRuntime) syncMasqueradeLocked(ctx context.Context) error {
-	exempt := r.podCIDRs
+	exempt := r.masqCIDRs
 	if !slices.Contains(exempt, r.podCIDR) { // agent.pod_cidr may differ from the Node's spec
 		exempt = append([]string{r.podCIDR}, exempt...)
 	}
-	return syncMasquerade(ctx, masqueradeChain(r.cfg.Name, r.cfg.DataDir), r.podCIDR, exempt)
+	err := syncMasquerade(ctx, masqueradeChain(r.cfg.Name, r.cfg.DataDir), r.podCIDR, exempt)
+	r.masqApplied = err == nil
+	return err
 }
 
 func (r *containerdRuntime) podDir(pod *corev1.Pod) string {
