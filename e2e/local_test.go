@@ -5,7 +5,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -55,9 +57,22 @@ func TestLocalHACluster(t *testing.T) {
 	st, loadErr := localcluster.Load(dir)
 	t.Cleanup(func() {
 		if t.Failed() && st != nil {
+			// A server's goroutines show where a stuck leader service waits: SIGQUIT makes the Go runtime
+			// write them to its log as it exits.
+			for _, h := range st.Hosts {
+				if h.Role == "server" && syscall.Kill(h.PID, syscall.SIGQUIT) == nil {
+					for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && syscall.Kill(h.PID, 0) == nil; {
+						time.Sleep(100 * time.Millisecond)
+					}
+				}
+			}
 			for _, h := range st.Hosts {
 				if data, err := os.ReadFile(h.Log); err == nil {
-					t.Logf("--- %s log (tail) ---\n%s", h.Name, tailString(string(data), 3000))
+					log, stacks := splitGoroutineDump(string(data))
+					t.Logf("--- %s log (tail) ---\n%s", h.Name, tailString(log, 3000))
+					if mine := goroutinesIn(stacks, "skiff/controller.runNodeLifecycle", "skiff/controller.(*lifecycle)"); mine != "" {
+						t.Logf("--- %s node lifecycle controller at exit ---\n%s", h.Name, tailString(mine, 6000))
+					}
 				}
 			}
 		}
@@ -337,6 +352,31 @@ func raftLeader(t *testing.T, bin, kubeconfig string) string {
 	})
 	return leader
 }
+
+// splitGoroutineDump splits a log at the Go runtime's SIGQUIT dump ("SIGQUIT: quit"), if it has one.
+func splitGoroutineDump(log string) (before, dump string) {
+	if i := strings.Index(log, "SIGQUIT: quit"); i >= 0 {
+		return log[:i], log[i:]
+	}
+	return log, ""
+}
+
+// goroutinesIn returns the goroutine stacks of a dump that run through any of the given functions, without
+// the frame and stack pointers a SIGQUIT dump adds.
+func goroutinesIn(dump string, funcs ...string) string {
+	var out []string
+	for _, g := range strings.Split(dump, "\n\n") {
+		for _, f := range funcs {
+			if strings.Contains(g, f) {
+				out = append(out, framePointers.ReplaceAllString(g, ""))
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n\n")
+}
+
+var framePointers = regexp.MustCompile(` fp=0x[0-9a-f]+ sp=0x[0-9a-f]+ pc=0x[0-9a-f]+`)
 
 func tailString(s string, n int) string {
 	if len(s) <= n {
