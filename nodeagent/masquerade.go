@@ -40,12 +40,16 @@ func masqueradeRules(chain string, podCIDRs []string) string {
 }
 
 // syncMasquerade writes the chain with podCIDRs (every Node's, this node's included) exempt, then makes sure
-// POSTROUTING sends the node's pod traffic to it.
-func syncMasquerade(ctx context.Context, chain, nodePodCIDR string, podCIDRs []string) error {
-	restore := exec.CommandContext(ctx, "iptables-restore", "--noflush", "-w", "5")
-	restore.Stdin = strings.NewReader(masqueradeRules(chain, podCIDRs))
-	if out, err := restore.CombinedOutput(); err != nil {
-		return fmt.Errorf("iptables-restore of %s: %v: %s", chain, err, strings.TrimSpace(string(out)))
+// POSTROUTING sends the node's pod traffic to it. With keepExisting, a chain that exists already is left as it
+// is: an agent that restarted and does not know the Node list yet keeps the previous run's exemptions.
+func syncMasquerade(ctx context.Context, chain, nodePodCIDR string, podCIDRs []string, keepExisting bool) error {
+	exists := keepExisting && exec.CommandContext(ctx, "iptables", "-w", "5", "-t", "nat", "-S", chain).Run() == nil
+	if !exists {
+		restore := exec.CommandContext(ctx, "iptables-restore", "--noflush", "-w", "5")
+		restore.Stdin = strings.NewReader(masqueradeRules(chain, podCIDRs))
+		if out, err := restore.CombinedOutput(); err != nil {
+			return fmt.Errorf("iptables-restore of %s: %v: %s", chain, err, strings.TrimSpace(string(out)))
+		}
 	}
 	jump := func(op string) *exec.Cmd {
 		args := []string{"-w", "5", "-t", "nat", op, "POSTROUTING"}

@@ -69,7 +69,7 @@ func TestSyncAndRemoveMasquerade(t *testing.T) {
 	for _, cidrs := range [][]string{{"198.51.100.0/24"}, {"198.51.100.0/24", "198.51.101.0/24"}} {
 		// Twice each: the sync is idempotent, one jump and one copy of each rule.
 		for range 2 {
-			if err := syncMasquerade(ctx, chain, "198.51.100.0/24", cidrs); err != nil {
+			if err := syncMasquerade(ctx, chain, "198.51.100.0/24", cidrs, false); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -88,6 +88,14 @@ func TestSyncAndRemoveMasquerade(t *testing.T) {
 		if !strings.HasSuffix(got, "-A "+chain+" -j MASQUERADE") {
 			t.Fatalf("masquerade is not the last rule:\n%s", got)
 		}
+	}
+	// keepExisting (a restarted agent before it knows the Nodes) leaves the exemptions alone.
+	before := nat()
+	if err := syncMasquerade(ctx, chain, "198.51.100.0/24", []string{"198.51.100.0/24"}, true); err != nil {
+		t.Fatal(err)
+	}
+	if got := nat(); got != before {
+		t.Fatalf("keepExisting changed the chain:\n%s\nwas:\n%s", got, before)
 	}
 	if err := removeMasquerade(ctx, chain); err != nil {
 		t.Fatal(err)

@@ -188,7 +188,7 @@ func (r *containerdRuntime) syncMasqueradeLocked(ctx context.Context) error {
 	if !slices.Contains(exempt, r.podCIDR) { // agent.pod_cidr may differ from the Node's spec
 		exempt = append([]string{r.podCIDR}, exempt...)
 	}
-	err := syncMasquerade(ctx, masqueradeChain(r.cfg.Name, r.cfg.DataDir), r.podCIDR, exempt)
+	err := syncMasquerade(ctx, masqueradeChain(r.cfg.Name, r.cfg.DataDir), r.podCIDR, exempt, r.masqCIDRs == nil)
 	r.masqApplied = err == nil
 	return err
 }
