@@ -217,8 +217,8 @@ func resolveAgent(f *AgentFile, src *source) (*Agent, error) {
 		errs.add(src, "agent.token", "is required: the cluster join token (a server's <data_dir>/join-token)")
 	}
 	if a.PodCIDR != "" {
-		if _, _, err := net.ParseCIDR(a.PodCIDR); err != nil {
-			errs.add(src, "agent.pod_cidr", fmt.Sprintf("%q is not a CIDR", a.PodCIDR))
+		if ip, _, err := net.ParseCIDR(a.PodCIDR); err != nil || ip.To4() == nil {
+			errs.add(src, "agent.pod_cidr", fmt.Sprintf("%q is not an IPv4 CIDR such as \"10.244.7.0/24\"", a.PodCIDR))
 		}
 	}
 	if a.MaxPods < 1 {

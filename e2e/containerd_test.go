@@ -63,7 +63,8 @@ func requireRealRuntime(t *testing.T) {
 }
 
 // newRealAgent writes the agent's HCL; start runs it. At cleanup the agent is killed and `skiff agent
-// -teardown` removes whatever it left on the host: containers, network namespaces, IPs and its bridge.
+// -teardown` removes whatever it left on the host: containers, network namespaces, IPs, its bridge and its
+// masquerade chain.
 func newRealAgent(t *testing.T, server, registry string) *realAgent {
 	// A short data dir: containerd's socket path must fit in 107 bytes.
 	dir, err := os.MkdirTemp("", "skiff-e2e-")

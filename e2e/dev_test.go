@@ -83,7 +83,7 @@ func TestDevServerOperatorCommands(t *testing.T) {
 // group is killed and, on failure, the output logged. exited receives the process's exit.
 func startDev(t *testing.T, bin, dir string, extra ...string) (cmd *exec.Cmd, exited chan error) {
 	t.Helper()
-	port := freeport.Run(t, 3) // dev listens on it (API), on port+1 (Raft) and on port+2 (gossip)
+	port := freeport.Consecutive(t, 3) // dev listens on it (API), on port+1 (Raft) and on port+2 (gossip)
 	args := append([]string{"dev", "-data-dir", dir, "-api-port", fmt.Sprint(port), "-log-level", "warn"}, extra...)
 	cmd = exec.Command(bin, args...)
 	var logs bytes.Buffer

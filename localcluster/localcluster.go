@@ -435,12 +435,15 @@ func (s *State) Start(dir, name string) error {
 }
 
 // Kill stops a host's process with SIGKILL (kill -9).
-func (s *State) Kill(name string) error {
+func (s *State) Kill(name string) error { return s.Signal(name, syscall.SIGKILL, 5*time.Second) }
+
+// Signal sends a host's process sig and waits up to timeout for it to exit.
+func (s *State) Signal(name string, sig syscall.Signal, timeout time.Duration) error {
 	h, ok := s.Host(name)
 	if !ok {
 		return fmt.Errorf("no host %s", name)
 	}
-	return signalAndWait(h.PID, syscall.SIGKILL, 5*time.Second)
+	return signalAndWait(h.PID, sig, timeout)
 }
 
 // Stop stops a host's process with SIGTERM, then SIGKILL after timeout.

@@ -14,8 +14,12 @@ import (
 // set instead: traffic from the node's pod CIDR to any Node's pod CIDR keeps its source, and traffic to
 // anywhere else (the internet, hosts) is masqueraded behind the node's address.
 //
-//	nat POSTROUTING (first rule): -s <node pod CIDR> -j SKIFF-MASQ-<id>
+//	nat POSTROUTING: -s <node pod CIDR> -j SKIFF-MASQ-<id>
 //	SKIFF-MASQ-<id>: -d <each Node's pod CIDR> -j RETURN; -d 224.0.0.0/4 -j RETURN; -j MASQUERADE
+//
+// RETURN, not ACCEPT: the rest of POSTROUTING still applies, portmap's hairpin masquerade for hostPorts
+// included. So does any masquerade rule of the host's own, and a pod wired before ipMasq was off keeps the
+// bridge plugin's per-pod rule until it is recreated.
 //
 // The chain is per node agent (like its bridge), so two agents on one host keep separate rules, and it
 // outlives the agent process, as pods do; `skiff agent -teardown` removes it.
@@ -31,7 +35,7 @@ func masqueradeRules(chain string, podCIDRs []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "*nat\n:%s - [0:0]\n", chain)
 	for _, cidr := range podCIDRs {
-		fmt.Fprintf(&b, "-A %s -d %s -m comment --comment \"pod network: no NAT\" -j RETURN\n", chain, cidr)
+		fmt.Fprintf(&b, "-A %s -d %s -j RETURN\n", chain, cidr)
 	}
 	fmt.Fprintf(&b, "-A %s -d 224.0.0.0/4 -j RETURN\n", chain)
 	fmt.Fprintf(&b, "-A %s -j MASQUERADE\n", chain)
@@ -52,12 +56,8 @@ func syncMasquerade(ctx context.Context, chain, nodePodCIDR string, podCIDRs []s
 		}
 	}
 	jump := func(op string) *exec.Cmd {
-		args := []string{"-w", "5", "-t", "nat", op, "POSTROUTING"}
-		if op == "-I" {
-			args = append(args, "1")
-		}
-		args = append(args, "-s", nodePodCIDR, "-m", "comment", "--comment", "skiff pod egress", "-j", chain)
-		return exec.CommandContext(ctx, "iptables", args...)
+		return exec.CommandContext(ctx, "iptables", "-w", "5", "-t", "nat", op, "POSTROUTING",
+			"-s", nodePodCIDR, "-m", "comment", "--comment", "skiff-pod-egress", "-j", chain)
 	}
 	var exit *exec.ExitError
 	switch err := jump("-C").Run(); {
@@ -66,8 +66,7 @@ func syncMasquerade(ctx context.Context, chain, nodePodCIDR string, podCIDRs []s
 	case !errors.As(err, &exit) || exit.ExitCode() != 1: // 1 is "no such rule"; a lock timeout is not
 		return fmt.Errorf("checking the POSTROUTING jump to %s: %v", chain, err)
 	}
-	// First in POSTROUTING, so that no broader rule masquerades pod-to-pod traffic before it.
-	if out, err := jump("-I").CombinedOutput(); err != nil {
+	if out, err := jump("-A").CombinedOutput(); err != nil {
 		return fmt.Errorf("adding the POSTROUTING jump to %s: %v: %s", chain, err, strings.TrimSpace(string(out)))
 	}
 	return nil
@@ -87,8 +86,8 @@ func removeMasquerade(ctx context.Context, chain string) error {
 		if !strings.HasPrefix(rule, "-A POSTROUTING ") || !strings.HasSuffix(rule, " -j "+chain) {
 			continue
 		}
-		// iptables -S prints rules as arguments that -D takes back; the comment is the only quoted one.
-		args := append([]string{"-w", "5", "-t", "nat", "-D"}, splitRule(strings.TrimPrefix(rule, "-A "))...)
+		// iptables -S prints rules as the arguments -D takes back (no quoting: the comment has no spaces).
+		args := append([]string{"-w", "5", "-t", "nat", "-D"}, strings.Fields(strings.TrimPrefix(rule, "-A "))...)
 		if out, err := exec.CommandContext(ctx, "iptables", args...).CombinedOutput(); err != nil {
 			return fmt.Errorf("removing %q: %v: %s", rule, err, strings.TrimSpace(string(out)))
 		}
@@ -100,30 +99,4 @@ func removeMasquerade(ctx context.Context, chain string) error {
 		}
 	}
 	return nil
-}
-
-// splitRule splits an `iptables -S` rule into arguments, keeping double-quoted words whole.
-func splitRule(rule string) []string {
-	var args []string
-	var cur strings.Builder
-	quoted, inWord := false, false
-	for _, c := range rule {
-		switch {
-		case c == '"':
-			quoted, inWord = !quoted, true
-		case c == ' ' && !quoted:
-			if inWord {
-				args = append(args, cur.String())
-				cur.Reset()
-			}
-			inWord = false
-		default:
-			cur.WriteRune(c)
-			inWord = true
-		}
-	}
-	if inWord {
-		args = append(args, cur.String())
-	}
-	return args
 }

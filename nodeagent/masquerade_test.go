@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"reflect"
 	"strings"
 	"testing"
 )
@@ -15,8 +14,8 @@ func TestMasqueradeRules(t *testing.T) {
 	got := masqueradeRules("SKIFF-MASQ-0000abcd", []string{"10.244.0.0/24", "10.244.1.0/24"})
 	want := `*nat
 :SKIFF-MASQ-0000abcd - [0:0]
--A SKIFF-MASQ-0000abcd -d 10.244.0.0/24 -m comment --comment "pod network: no NAT" -j RETURN
--A SKIFF-MASQ-0000abcd -d 10.244.1.0/24 -m comment --comment "pod network: no NAT" -j RETURN
+-A SKIFF-MASQ-0000abcd -d 10.244.0.0/24 -j RETURN
+-A SKIFF-MASQ-0000abcd -d 10.244.1.0/24 -j RETURN
 -A SKIFF-MASQ-0000abcd -d 224.0.0.0/4 -j RETURN
 -A SKIFF-MASQ-0000abcd -j MASQUERADE
 COMMIT
@@ -26,14 +25,6 @@ COMMIT
 	}
 	if c := masqueradeChain("node-1", "/var/lib/skiff"); len(c) > 28 || !strings.HasPrefix(c, "SKIFF-MASQ-") || c != masqueradeChain("node-1", "/var/lib/skiff") {
 		t.Fatalf("chain name %q", c)
-	}
-}
-
-func TestSplitRule(t *testing.T) {
-	got := splitRule(`POSTROUTING -s 10.244.1.0/24 -m comment --comment "skiff pod egress" -j SKIFF-MASQ-1`)
-	want := []string{"POSTROUTING", "-s", "10.244.1.0/24", "-m", "comment", "--comment", "skiff pod egress", "-j", "SKIFF-MASQ-1"}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("%q", got)
 	}
 }
 
@@ -77,9 +68,6 @@ func TestSyncAndRemoveMasquerade(t *testing.T) {
 		if n := strings.Count(got, "-A POSTROUTING -s 198.51.100.0/24"); n != 1 {
 			t.Fatalf("%d POSTROUTING jumps:\n%s", n, got)
 		}
-		if first := firstPostrouting(t); !strings.HasSuffix(first, "-j "+chain) {
-			t.Fatalf("the jump is not POSTROUTING's first rule: %q", first)
-		}
 		for _, cidr := range cidrs {
 			if strings.Count(got, "-A "+chain+" -d "+cidr) != 1 {
 				t.Fatalf("exemption of %s missing or repeated:\n%s", cidr, got)
@@ -106,17 +94,4 @@ func TestSyncAndRemoveMasquerade(t *testing.T) {
 	if err := removeMasquerade(ctx, chain); err != nil {
 		t.Fatalf("second removal: %v", err)
 	}
-}
-
-func firstPostrouting(t *testing.T) string {
-	out, err := exec.Command("iptables", "-w", "5", "-t", "nat", "-S", "POSTROUTING").Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if strings.HasPrefix(line, "-A POSTROUTING") {
-			return line
-		}
-	}
-	return ""
 }

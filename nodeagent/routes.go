@@ -49,7 +49,7 @@ func (a *Agent) syncPodRoutes(ctx context.Context) {
 		list, _ := nodes.Lister().List(labels.Everything())
 		for _, n := range list {
 			// Only IPv4 CIDRs reach iptables: one bad value would fail the whole chain's restore.
-			if _, ipn, err := net.ParseCIDR(n.Spec.PodCIDR); err == nil && ipn.IP.To4() != nil && !slices.Contains(podCIDRs, ipn.String()) {
+			if _, ipn, err := net.ParseCIDR(n.Spec.PodCIDR); err == nil && ipn.IP.To4() != nil {
 				podCIDRs = append(podCIDRs, ipn.String())
 			}
 			if a.nodes[n.Name] || n.Spec.PodCIDR == "" {
@@ -64,7 +64,7 @@ func (a *Agent) syncPodRoutes(ctx context.Context) {
 		// Before the routes: a new Node's pods must not be reachable while still masqueraded towards.
 		if masq != nil {
 			sort.Strings(podCIDRs)
-			masq.setPodCIDRs(ctx, podCIDRs, recheck)
+			masq.setPodCIDRs(ctx, slices.Compact(podCIDRs), recheck)
 		}
 		for cidr, via := range want {
 			if routed[cidr] == via {

@@ -79,7 +79,7 @@ type containerdRuntime struct {
 	// The pod egress masquerade chain (masquerade.go), under its own lock: iptables may wait for its lock.
 	masqMu      sync.Mutex
 	masqCIDRs   []string // every Node's pod CIDR, as setPodCIDRs last heard (nil until then)
-	masqApplied bool     // the chain holds masqCIDRs, written by this run of the agent
+	masqApplied bool     // this run of the agent made sure of the chain (holding masqCIDRs once they are known)
 
 	mu       sync.Mutex
 	network  *podNetwork
@@ -154,8 +154,9 @@ func (r *containerdRuntime) podNetwork() (*podNetwork, error) {
 	return r.network, nil
 }
 
-// ensureMasquerade writes the masquerade chain if this run of the agent has not yet: with the bridge's ipMasq
-// off, a new pod's egress depends on it. Only pod creation needs it, so deletions never wait on iptables.
+// ensureMasquerade makes sure of the masquerade chain if this run of the agent has not yet: with the bridge's
+// ipMasq off, a new pod's egress depends on it. Only pod creation needs it, so deletions never wait on
+// iptables.
 func (r *containerdRuntime) ensureMasquerade(ctx context.Context) error {
 	r.masqMu.Lock()
 	defer r.masqMu.Unlock()
@@ -166,11 +167,12 @@ func (r *containerdRuntime) ensureMasquerade(ctx context.Context) error {
 }
 
 // setPodCIDRs hands the runtime every Node's pod CIDR (sorted); traffic to them is not masqueraded. The chain
-// is rewritten when they changed, and on recheck, which repairs a chain or jump someone else removed.
+// is rewritten when they changed, and on recheck (a minute apart), which repairs a chain or jump someone else
+// removed and retries a failed write; Node heartbeats alone never run iptables.
 func (r *containerdRuntime) setPodCIDRs(ctx context.Context, cidrs []string, recheck bool) {
 	r.masqMu.Lock()
 	defer r.masqMu.Unlock()
-	if r.masqApplied && !recheck && slices.Equal(cidrs, r.masqCIDRs) {
+	if !recheck && r.masqCIDRs != nil && slices.Equal(cidrs, r.masqCIDRs) {
 		return
 	}
 	r.masqCIDRs = cidrs
@@ -861,9 +863,9 @@ func stopSignal(name string) syscall.Signal {
 const podCIDRFile = "pod-cidr"
 
 // Teardown removes everything an agent with this configuration runs on the host: every pod's containers,
-// sandbox, network namespace, IP and volumes, then the node's bridge and masquerade chain. It uses the agent's containerd (a
-// private one is started for the purpose and stopped after). `skiff agent -teardown` runs it to decommission
-// a node; tests run it so that a failed test leaves nothing behind.
+// sandbox, network namespace, IP and volumes, then the node's bridge and masquerade chain. It uses the
+// agent's containerd (a private one is started for the purpose and stopped after). `skiff agent -teardown`
+// runs it to decommission a node; tests run it so that a failed test leaves nothing behind.
 func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

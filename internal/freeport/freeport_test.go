@@ -47,8 +47,8 @@ func TestClaimFailsWhileAnotherHoldsThePort(t *testing.T) {
 	}
 }
 
-func TestRunClaimsConsecutivePorts(t *testing.T) {
-	first := Run(t, 3)
+func TestConsecutiveClaimsConsecutivePorts(t *testing.T) {
+	first := Consecutive(t, 3)
 	for p := first; p < first+3; p++ {
 		if claims[p] == nil {
 			t.Fatalf("port %d of the run from %d is not claimed", p, first)
@@ -56,5 +56,19 @@ func TestRunClaimsConsecutivePorts(t *testing.T) {
 		if _, err := net.Listen("unix", claimName(p)); err == nil {
 			t.Fatalf("port %d of the run could be claimed again", p)
 		}
+	}
+}
+
+// A failed claim of a run gives back only what it claimed: a port handed out before stays claimed.
+func TestClaimFreeKeepsEarlierClaims(t *testing.T) {
+	held := One(t)
+	mu.Lock()
+	defer mu.Unlock()
+	neighbourBefore := claims[held-1] != nil
+	if claimFree([]string{"127.0.0.1"}, held-1, 2) {
+		t.Fatalf("claimed a run over port %d, which was handed out already", held)
+	}
+	if claims[held] == nil || (claims[held-1] != nil) != neighbourBefore {
+		t.Fatalf("claims after the failed run: %d=%v (before %v) %d=%v", held-1, claims[held-1] != nil, neighbourBefore, held, claims[held] != nil)
 	}
 }
