@@ -64,7 +64,8 @@ func (a *Agent) syncPodRoutes(ctx context.Context) {
 		// Before the routes: a new Node's pods must not be reachable while still masqueraded towards.
 		if masq != nil {
 			sort.Strings(podCIDRs)
-			masq.setPodCIDRs(ctx, slices.Compact(podCIDRs), recheck)
+			// Never nil: nil tells the runtime the Node list is not known yet.
+			masq.setPodCIDRs(ctx, append([]string{}, slices.Compact(podCIDRs)...), recheck)
 		}
 		for cidr, via := range want {
 			if routed[cidr] == via {
