@@ -81,10 +81,10 @@ func (c *tokenClaims) bound(kind string) **objectRef {
 	}
 }
 
-// lookup reads an object by kind, namespace (ignored for a cluster-scoped kind) and name. Issuing a token reads consistently, so that the token
-// carries the UIDs of the objects as they are now. Authenticating reads the watch cache first, and the
-// store itself when the cache does not have the object (yet), so that a token for a just-created object
-// works at once.
+// lookup reads an object by kind, namespace (ignored for a cluster-scoped kind) and name. Issuing a token
+// reads consistently, so that the token carries the UIDs of the objects as they are now. Authenticating reads
+// the watch cache first, and the store itself when the cache does not have the object (yet), so that a token
+// for a just-created object works at once.
 func (t *serviceAccountTokens) lookup(ctx context.Context, kind, namespace, name string, consistent bool) (metav1.Object, error) {
 	store := t.stores[kind]
 	if store == nil {

@@ -45,7 +45,7 @@ func (a *Agent) syncPodRoutes(ctx context.Context) {
 	recheck := false
 	for {
 		want := map[string]string{}
-		var podCIDRs []string
+		podCIDRs := []string{} // never nil: nil tells the runtime the Node list is not known yet
 		list, _ := nodes.Lister().List(labels.Everything())
 		for _, n := range list {
 			// Only IPv4 CIDRs reach iptables: one bad value would fail the whole chain's restore.
@@ -64,8 +64,7 @@ func (a *Agent) syncPodRoutes(ctx context.Context) {
 		// Before the routes: a new Node's pods must not be reachable while still masqueraded towards.
 		if masq != nil {
 			sort.Strings(podCIDRs)
-			// Never nil: nil tells the runtime the Node list is not known yet.
-			masq.setPodCIDRs(ctx, append([]string{}, slices.Compact(podCIDRs)...), recheck)
+			masq.setPodCIDRs(ctx, slices.Compact(podCIDRs), recheck)
 		}
 		for cidr, via := range want {
 			if routed[cidr] == via {

@@ -166,9 +166,9 @@ func (r *containerdRuntime) ensureMasquerade(ctx context.Context) error {
 	return r.syncMasqueradeLocked(ctx)
 }
 
-// setPodCIDRs hands the runtime every Node's pod CIDR (sorted, non-nil); traffic to them is not masqueraded. The chain
-// is rewritten when they changed, and on recheck (a minute apart), which repairs a chain or jump someone else
-// removed and retries a failed write; Node heartbeats alone never run iptables.
+// setPodCIDRs hands the runtime every Node's pod CIDR (sorted, non-nil); traffic to them is not masqueraded.
+// The chain is rewritten when they changed, and on recheck (a minute apart), which repairs a chain or jump
+// someone else removed and retries a failed write; Node heartbeats alone never run iptables.
 func (r *containerdRuntime) setPodCIDRs(ctx context.Context, cidrs []string, recheck bool) {
 	r.masqMu.Lock()
 	defer r.masqMu.Unlock()
