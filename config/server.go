@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/binary"
 	"fmt"
 	"net"
 	"os"
@@ -8,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 // ServerFile is the schema of a server configuration file. Pointers mark optional keys, so that layering
@@ -38,8 +41,12 @@ type ServerBlock struct {
 	RetryJoin       []string `hcl:"retry_join,optional"`
 	RetryInterval   *string  `hcl:"retry_interval,optional"`
 	ServiceCIDR     *string  `hcl:"service_cidr,optional"`
-	EventTTL        *string  `hcl:"event_ttl,optional"`
-	ClusterCIDR     *string  `hcl:"cluster_cidr,optional"`
+	// ClusterDNS is the kube-dns Service's ClusterIP (empty: the tenth address of service_cidr) and
+	// ClusterDomain the DNS suffix of Services and pods.
+	ClusterDNS    *string `hcl:"cluster_dns,optional"`
+	ClusterDomain *string `hcl:"cluster_domain,optional"`
+	EventTTL      *string `hcl:"event_ttl,optional"`
+	ClusterCIDR   *string `hcl:"cluster_cidr,optional"`
 	// Node lifecycle: how long a Lease may go unrenewed, how long pods stay Terminating on a lost node, and
 	// the tolerationSeconds every pod gets for the not-ready and unreachable taints.
 	NodeLeaseGrace           *string `hcl:"node_lease_grace,optional"`
@@ -86,6 +93,8 @@ type Server struct {
 	RetryJoin       []string // host:port of gossip members
 	RetryInterval   time.Duration
 	ServiceCIDR     string // ClusterIPs come from here
+	ClusterDNS      string // the kube-dns Service's ClusterIP, inside ServiceCIDR
+	ClusterDomain   string // cluster.local by default
 	ClusterCIDR     string // Nodes' pod CIDRs (a /24 each) come from here
 	EventTTL        time.Duration
 	// Node lifecycle (see ServerBlock).
@@ -132,7 +141,7 @@ func DefaultServerFile() *ServerFile {
 		LogJSON:  ptr(false),
 		Ports:    &PortsBlock{API: ptr(6443), Raft: ptr(6444), Gossip: ptr(7946)},
 		Server: &ServerBlock{
-			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"), ClusterCIDR: ptr("10.244.0.0/16"), EventTTL: ptr("1h"),
+			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"), ClusterDomain: ptr("cluster.local"), ClusterCIDR: ptr("10.244.0.0/16"), EventTTL: ptr("1h"),
 			NodeLeaseGrace: ptr("40s"), PodGCTimeout: ptr("10m"), DefaultTolerationSeconds: ptr(300),
 			MaxRequestsInFlight: ptr(400), MaxMutatingRequestsInFlight: ptr(200),
 			Raft: &RaftBlock{
@@ -221,6 +230,7 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 	} else if ones, _ := cidr.Mask.Size(); ones > 28 {
 		errs.add(src, "server.service_cidr", fmt.Sprintf("%q is too small; use a prefix of /28 or shorter", s.ServiceCIDR))
 	}
+	s.ClusterDNS, s.ClusterDomain = resolveClusterDNS(f.Server, src, &errs)
 	s.ClusterCIDR = *f.Server.ClusterCIDR
 	if ip, cidr, err := net.ParseCIDR(s.ClusterCIDR); err != nil || ip.To4() == nil {
 		errs.add(src, "server.cluster_cidr", fmt.Sprintf("%q is not an IPv4 CIDR such as \"10.244.0.0/16\"", s.ClusterCIDR))
@@ -303,4 +313,35 @@ func withDefaultPort(addr string, port int) (string, error) {
 		return "", fmt.Errorf("empty address")
 	}
 	return net.JoinHostPort(addr, strconv.Itoa(port)), nil
+}
+
+// resolveClusterDNS checks cluster_dns (an address of service_cidr other than its first, which the kubernetes
+// Service holds; the tenth address when unset, as kubeadm picks) and cluster_domain (a DNS name).
+func resolveClusterDNS(b *ServerBlock, src *source, errs *Errors) (dnsIP, domain string) {
+	domain = strings.TrimSuffix(*b.ClusterDomain, ".")
+	if msgs := validation.IsDNS1123Subdomain(domain); len(msgs) > 0 {
+		errs.add(src, "server.cluster_domain", fmt.Sprintf("%q is not a DNS name: %s", *b.ClusterDomain, strings.Join(msgs, "; ")))
+	}
+	_, cidr, err := net.ParseCIDR(*b.ServiceCIDR)
+	if err != nil || cidr.IP.To4() == nil {
+		return "", domain // service_cidr's own error says it
+	}
+	base := binary.BigEndian.Uint32(cidr.IP.To4())
+	if b.ClusterDNS == nil || *b.ClusterDNS == "" {
+		ip := make(net.IP, 4)
+		binary.BigEndian.PutUint32(ip, base+10)
+		return ip.String(), domain
+	}
+	ip := net.ParseIP(*b.ClusterDNS).To4()
+	switch {
+	case ip == nil:
+		errs.add(src, "server.cluster_dns", fmt.Sprintf("%q is not an IPv4 address", *b.ClusterDNS))
+	case !cidr.Contains(ip):
+		errs.add(src, "server.cluster_dns", fmt.Sprintf("%s is not in service_cidr %s", ip, cidr))
+	case binary.BigEndian.Uint32(ip) == base || binary.BigEndian.Uint32(ip) == base+1:
+		errs.add(src, "server.cluster_dns", fmt.Sprintf("%s is the network address or the kubernetes Service's; pick another address of %s", ip, cidr))
+	default:
+		return ip.String(), domain
+	}
+	return "", domain
 }

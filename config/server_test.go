@@ -84,6 +84,10 @@ func TestServerErrorsNameFileLineAndKey(t *testing.T) {
 		{"bad log level", "log_level = \"loud\"\n", ":1: log_level:"},
 		{"syntax error", "name = \n", ":1"},
 		{"bad service_cidr", "server {\n  service_cidr = \"10.96.0.0\"\n}\n", ":2: server.service_cidr: \"10.96.0.0\" is not an IPv4 CIDR"},
+		{"cluster_dns outside service_cidr", "server {\n  cluster_dns = \"10.0.0.10\"\n}\n", ":2: server.cluster_dns: 10.0.0.10 is not in service_cidr 10.96.0.0/16"},
+		{"cluster_dns is the kubernetes Service's", "server {\n  cluster_dns = \"10.96.0.1\"\n}\n", ":2: server.cluster_dns: 10.96.0.1 is the network address or the kubernetes Service's"},
+		{"cluster_dns not an address", "server {\n  cluster_dns = \"dns\"\n}\n", ":2: server.cluster_dns: \"dns\" is not an IPv4 address"},
+		{"bad cluster_domain", "server {\n  cluster_domain = \"Cluster_Local\"\n}\n", ":2: server.cluster_domain: \"Cluster_Local\" is not a DNS name"},
 		{"bad retry_join", "server {\n  retry_join = [\"a:b:c\"]\n}\n", ":2: server.retry_join: entry 0"},
 	}
 	for _, tc := range cases {
@@ -105,5 +109,21 @@ func TestAllErrorsReportedAtOnce(t *testing.T) {
 	es, ok := err.(Errors)
 	if !ok || len(es) != 2 {
 		t.Fatalf("errors = %v", err)
+	}
+}
+
+func TestClusterDNSDefaultsToTheTenthServiceAddress(t *testing.T) {
+	for _, tc := range []struct{ body, dns, domain string }{
+		{"", "10.96.0.10", "cluster.local"},
+		{"server {\n  service_cidr = \"10.100.0.0/24\"\n}\n", "10.100.0.10", "cluster.local"},
+		{"server {\n  cluster_dns = \"10.96.5.5\"\n  cluster_domain = \"corp.example.\"\n}\n", "10.96.5.5", "corp.example"},
+	} {
+		s, err := LoadServer(writeFile(t, tc.body), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.ClusterDNS != tc.dns || s.ClusterDomain != tc.domain {
+			t.Errorf("%q: cluster DNS %s %s, want %s %s", tc.body, s.ClusterDNS, s.ClusterDomain, tc.dns, tc.domain)
+		}
 	}
 }

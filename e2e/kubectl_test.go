@@ -243,6 +243,18 @@ func TestKubectlAgainstThreeServers(t *testing.T) {
 		}
 		return nil
 	})
+	proctest.WaitFor(t, "kubernetes endpointslice", 30*time.Second, func() error {
+		out := k1.ok("get", "endpointslice", "kubernetes", "-n", "default", "-o", "jsonpath={.endpoints[*].addresses[0]}")
+		for _, ip := range []string{"127.0.0.1", "127.0.0.2", "127.0.0.3"} {
+			if !strings.Contains(out, ip) {
+				return fmt.Errorf("endpointslice %q lacks %s", out, ip)
+			}
+		}
+		return nil
+	})
+	mustContain(t, "kube-dns service", k2.ok("get", "svc", "kube-dns", "-n", "kube-system"), "10.96.0.10", "53/UDP,53/TCP")
+	mustContain(t, "cluster config", k3.ok("get", "configmap", "skiff-cluster", "-n", "kube-system", "-o", "jsonpath={.data}"),
+		`"clusterDNS":"10.96.0.10"`, `"clusterDomain":"cluster.local"`)
 
 	// Deletion: a grace period on an unscheduled pod removes it at once; --force; --cascade.
 	k2.ok("delete", "pod", "watched", "-n", "demo", "--grace-period=30")

@@ -7,6 +7,7 @@ import (
 
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	utilptr "k8s.io/utils/ptr"
 
 	"github.com/skiff-dev/skiff/controller"
 	"github.com/skiff-dev/skiff/gossip"
@@ -57,6 +59,9 @@ func (s *Server) runSystemObjects(ctx context.Context) {
 		}
 		if err := s.reconcileKubernetesService(ctx, client); err != nil {
 			s.logger.Warn("reconciling the kubernetes service", "error", err)
+		}
+		if err := s.reconcileClusterDNS(ctx, client); err != nil {
+			s.logger.Warn("reconciling the cluster DNS objects", "error", err)
 		}
 		sleepCtx(ctx, leaseRenewInterval)
 	}
@@ -102,15 +107,97 @@ func (s *Server) reconcileKubernetesService(ctx context.Context, client kubernet
 	have, err := endpoints.Get(ctx, "kubernetes", metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		_, err = endpoints.Create(ctx, want, metav1.CreateOptions{})
+		if _, err = endpoints.Create(ctx, want, metav1.CreateOptions{}); err != nil {
+			return err
+		}
+	case err != nil:
+		return err
+	case !apiequality.Semantic.DeepEqual(have.Subsets, want.Subsets):
+		have.Subsets = want.Subsets
+		if _, err = endpoints.Update(ctx, have, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+	}
+	return reconcileKubernetesSlice(ctx, client, addrs, int32(s.cfg.Ports.API))
+}
+
+// reconcileKubernetesSlice keeps the EndpointSlice of default/kubernetes beside its Endpoints, as
+// kube-apiserver does: the service proxy reads only EndpointSlices.
+func reconcileKubernetesSlice(ctx context.Context, client kubernetes.Interface, addrs []corev1.EndpointAddress, port int32) error {
+	ready := true
+	want := &discoveryv1.EndpointSlice{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: metav1.NamespaceDefault, Labels: map[string]string{
+			discoveryv1.LabelServiceName: "kubernetes", discoveryv1.LabelManagedBy: "skiff-apiserver",
+		}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       []discoveryv1.EndpointPort{{Name: utilptr.To("https"), Port: &port, Protocol: utilptr.To(corev1.ProtocolTCP)}},
+	}
+	for _, a := range addrs {
+		want.Endpoints = append(want.Endpoints, discoveryv1.Endpoint{Addresses: []string{a.IP}, Conditions: discoveryv1.EndpointConditions{Ready: &ready}})
+	}
+	slices := client.DiscoveryV1().EndpointSlices(metav1.NamespaceDefault)
+	have, err := slices.Get(ctx, "kubernetes", metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = slices.Create(ctx, want, metav1.CreateOptions{})
 		return err
 	case err != nil:
 		return err
-	case apiequality.Semantic.DeepEqual(have.Subsets, want.Subsets):
+	case apiequality.Semantic.DeepEqual(have.Endpoints, want.Endpoints) && apiequality.Semantic.DeepEqual(have.Ports, want.Ports):
 		return nil
 	}
-	have.Subsets = want.Subsets
-	_, err = endpoints.Update(ctx, have, metav1.UpdateOptions{})
+	have.Endpoints, have.Ports = want.Endpoints, want.Ports
+	_, err = slices.Update(ctx, have, metav1.UpdateOptions{})
+	return err
+}
+
+// ClusterConfigMap is the kube-system ConfigMap through which servers tell node agents the cluster's
+// addressing: the keys below. Agents read it at start and watch it.
+const ClusterConfigMap = "skiff-cluster"
+
+// reconcileClusterDNS creates what the node agents' DNS needs: the skiff-cluster ConfigMap with the cluster
+// DNS address and domain, and the kube-system/kube-dns Service at cluster_dns. The Service has no selector:
+// each agent publishes its own DNS endpoint in an EndpointSlice, and internalTrafficPolicy Local sends a
+// pod's queries to the DNS of its own node. Existing objects are updated only where the configuration
+// changed, so an operator's labels and annotations stay.
+func (s *Server) reconcileClusterDNS(ctx context.Context, client kubernetes.Interface) error {
+	data := map[string]string{
+		"clusterDNS": s.cfg.ClusterDNS, "clusterDomain": s.cfg.ClusterDomain,
+		"serviceCIDR": s.cfg.ServiceCIDR, "clusterCIDR": s.cfg.ClusterCIDR,
+	}
+	configMaps := client.CoreV1().ConfigMaps(metav1.NamespaceSystem)
+	cm, err := configMaps.Get(ctx, ClusterConfigMap, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		_, err = configMaps.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: ClusterConfigMap}, Data: data}, metav1.CreateOptions{})
+		if err != nil && !apierrors.IsAlreadyExists(err) {
+			return err
+		}
+	case err != nil:
+		return err
+	case !apiequality.Semantic.DeepEqual(cm.Data, data):
+		cm.Data = data
+		if _, err := configMaps.Update(ctx, cm, metav1.UpdateOptions{}); err != nil {
+			return err
+		}
+	}
+	services := client.CoreV1().Services(metav1.NamespaceSystem)
+	if _, err := services.Get(ctx, "kube-dns", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		return err // exists (a changed cluster_dns needs the Service deleted: a ClusterIP is immutable)
+	}
+	local := corev1.ServiceInternalTrafficPolicyLocal
+	_, err = services.Create(ctx, &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "kube-dns", Labels: map[string]string{
+			"k8s-app": "kube-dns", "kubernetes.io/name": "CoreDNS", "kubernetes.io/cluster-service": "true",
+		}},
+		Spec: corev1.ServiceSpec{ClusterIP: s.cfg.ClusterDNS, InternalTrafficPolicy: &local, Ports: []corev1.ServicePort{
+			{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP, TargetPort: intstr.FromInt32(53)},
+			{Name: "dns-tcp", Port: 53, Protocol: corev1.ProtocolTCP, TargetPort: intstr.FromInt32(53)},
+		}},
+	}, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
 	return err
 }
 
