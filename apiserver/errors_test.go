@@ -54,6 +54,10 @@ func TestErrorStatuses(t *testing.T) {
 	if code, _, raw := do("POST", rsPath, "application/json", rs("rs", goodRS)); code != http.StatusCreated {
 		t.Fatalf("setup create: %d %s", code, raw)
 	}
+	svc := func(name, spec string) string {
+		return `{"apiVersion":"v1","kind":"Service","metadata":{"name":"` + name + `"},"spec":` + spec + `}`
+	}
+	const svcPath = "/api/v1/namespaces/default/services"
 	cases := []struct {
 		name                      string
 		method, path, ctype, body string
@@ -89,6 +93,28 @@ func TestErrorStatuses(t *testing.T) {
 			rs("rs-empty", `{"selector":{"matchLabels":{"a":"b"}},"template":{"metadata":{"labels":{"a":"b"}}}}`), 422, metav1.StatusReasonInvalid, "spec.template.spec.containers"},
 		{"replicaset selector changed", "PATCH", rsPath + "/rs", "application/merge-patch+json",
 			`{"spec":{"selector":{"matchLabels":{"a":"c"}},"template":{"metadata":{"labels":{"a":"c"}}}}}`, 422, metav1.StatusReasonInvalid, "spec.selector"},
+		{"service with an unknown protocol", "POST", svcPath, "application/json", svc("svc-proto", `{"ports":[{"port":80,"protocol":"ICMP"}]}`),
+			422, metav1.StatusReasonInvalid, "spec.ports[0].protocol"},
+		{"service with two unnamed ports", "POST", svcPath, "application/json", svc("svc-names", `{"ports":[{"port":80},{"port":81}]}`),
+			422, metav1.StatusReasonInvalid, "spec.ports[1].name"},
+		{"service with a duplicate port", "POST", svcPath, "application/json", svc("svc-dup", `{"ports":[{"name":"a","port":80},{"name":"b","port":80}]}`),
+			422, metav1.StatusReasonInvalid, "spec.ports[1]"},
+		{"service port out of range", "POST", svcPath, "application/json", svc("svc-range", `{"ports":[{"port":70000}]}`),
+			422, metav1.StatusReasonInvalid, "spec.ports[0].port"},
+		{"nodePort on a ClusterIP service", "POST", svcPath, "application/json", svc("svc-np", `{"ports":[{"port":80,"nodePort":30080}]}`),
+			422, metav1.StatusReasonInvalid, "spec.ports[0].nodePort"},
+		{"nodePort out of range", "POST", svcPath, "application/json", svc("svc-nprange", `{"type":"NodePort","ports":[{"port":80,"nodePort":80}]}`),
+			422, metav1.StatusReasonInvalid, "spec.ports[0].nodePort"},
+		{"service without ports", "POST", svcPath, "application/json", svc("svc-noports", `{"selector":{"a":"b"}}`),
+			422, metav1.StatusReasonInvalid, "spec.ports"},
+		{"ExternalName without a name", "POST", svcPath, "application/json", svc("svc-ext", `{"type":"ExternalName"}`),
+			422, metav1.StatusReasonInvalid, "spec.externalName"},
+		{"unknown session affinity", "POST", svcPath, "application/json", svc("svc-aff", `{"sessionAffinity":"Cookie","ports":[{"port":80}]}`),
+			422, metav1.StatusReasonInvalid, "spec.sessionAffinity"},
+		{"externalTrafficPolicy on a ClusterIP service", "POST", svcPath, "application/json", svc("svc-etp", `{"externalTrafficPolicy":"Local","ports":[{"port":80}]}`),
+			422, metav1.StatusReasonInvalid, "spec.externalTrafficPolicy"},
+		{"externalIPs", "POST", svcPath, "application/json", svc("svc-eip", `{"externalIPs":["192.0.2.1"],"ports":[{"port":80}]}`),
+			422, metav1.StatusReasonInvalid, "spec.externalIPs"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -2,13 +2,18 @@ package apiserver
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // Namespaces.
@@ -86,6 +91,120 @@ func defaultService(o runtime.Object) {
 		local := corev1.ServiceInternalTrafficPolicyCluster
 		svc.Spec.InternalTrafficPolicy = &local
 	}
+	if svc.Spec.ExternalTrafficPolicy == "" && hasNodePorts(svc) {
+		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+	}
+	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
+		if svc.Spec.SessionAffinityConfig == nil {
+			svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{}
+		}
+		if svc.Spec.SessionAffinityConfig.ClientIP == nil {
+			svc.Spec.SessionAffinityConfig.ClientIP = &corev1.ClientIPConfig{}
+		}
+		if svc.Spec.SessionAffinityConfig.ClientIP.TimeoutSeconds == nil {
+			timeout := corev1.DefaultClientIPServiceAffinitySeconds
+			svc.Spec.SessionAffinityConfig.ClientIP.TimeoutSeconds = &timeout
+		}
+	}
+}
+
+// validateService is Kubernetes' validation of the Service fields Skiff acts on: type, ports, traffic
+// policies, session affinity, ExternalName and the selector. What the service proxy cannot program must be
+// refused here, not dropped on the node.
+func validateService(o runtime.Object) field.ErrorList {
+	svc := o.(*corev1.Service)
+	spec := field.NewPath("spec")
+	var errs field.ErrorList
+	types := []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer, corev1.ServiceTypeExternalName}
+	if !slices.Contains(types, svc.Spec.Type) {
+		errs = append(errs, field.NotSupported(spec.Child("type"), svc.Spec.Type, types))
+	}
+	headless := svc.Spec.ClusterIP == corev1.ClusterIPNone
+	if svc.Spec.Type == corev1.ServiceTypeExternalName {
+		if svc.Spec.ExternalName == "" {
+			errs = append(errs, field.Required(spec.Child("externalName"), ""))
+		} else if msgs := validation.IsDNS1123Subdomain(strings.TrimSuffix(svc.Spec.ExternalName, ".")); len(msgs) > 0 {
+			errs = append(errs, field.Invalid(spec.Child("externalName"), svc.Spec.ExternalName, strings.Join(msgs, "; ")))
+		}
+		if svc.Spec.ClusterIP != "" {
+			errs = append(errs, field.Forbidden(spec.Child("clusterIP"), "may not be set for ExternalName services"))
+		}
+	} else if len(svc.Spec.Ports) == 0 && !headless {
+		errs = append(errs, field.Required(spec.Child("ports"), ""))
+	}
+	if headless && hasNodePorts(svc) {
+		errs = append(errs, field.Invalid(spec.Child("clusterIPs").Index(0), svc.Spec.ClusterIP, "may not be set to 'None' for NodePort services"))
+	}
+	names, seen := map[string]bool{}, map[string]bool{}
+	protocols := []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP}
+	for i, p := range svc.Spec.Ports {
+		path := spec.Child("ports").Index(i)
+		switch {
+		case p.Name == "" && len(svc.Spec.Ports) > 1:
+			errs = append(errs, field.Required(path.Child("name"), ""))
+		case p.Name != "" && names[p.Name]:
+			errs = append(errs, field.Duplicate(path.Child("name"), p.Name))
+		case p.Name != "":
+			for _, msg := range validation.IsDNS1123Label(p.Name) {
+				errs = append(errs, field.Invalid(path.Child("name"), p.Name, msg))
+			}
+		}
+		names[p.Name] = true
+		for _, msg := range validation.IsValidPortNum(int(p.Port)) {
+			errs = append(errs, field.Invalid(path.Child("port"), p.Port, msg))
+		}
+		if !slices.Contains(protocols, p.Protocol) {
+			errs = append(errs, field.NotSupported(path.Child("protocol"), p.Protocol, protocols))
+		}
+		if key := fmt.Sprintf("%d/%s", p.Port, p.Protocol); seen[key] {
+			errs = append(errs, field.Duplicate(path, key))
+		} else {
+			seen[key] = true
+		}
+		if p.TargetPort.Type == intstr.String {
+			for _, msg := range validation.IsValidPortName(p.TargetPort.StrVal) {
+				errs = append(errs, field.Invalid(path.Child("targetPort"), p.TargetPort.StrVal, msg))
+			}
+		} else {
+			for _, msg := range validation.IsValidPortNum(int(p.TargetPort.IntVal)) {
+				errs = append(errs, field.Invalid(path.Child("targetPort"), p.TargetPort.IntVal, msg))
+			}
+		}
+		if p.NodePort != 0 && !hasNodePorts(svc) {
+			errs = append(errs, field.Forbidden(path.Child("nodePort"), fmt.Sprintf("may not be used when `type` is '%s'", svc.Spec.Type)))
+		}
+	}
+	affinities := []corev1.ServiceAffinity{corev1.ServiceAffinityNone, corev1.ServiceAffinityClientIP}
+	if !slices.Contains(affinities, svc.Spec.SessionAffinity) {
+		errs = append(errs, field.NotSupported(spec.Child("sessionAffinity"), svc.Spec.SessionAffinity, affinities))
+	}
+	if c := svc.Spec.SessionAffinityConfig; c != nil && c.ClientIP != nil && c.ClientIP.TimeoutSeconds != nil {
+		path := spec.Child("sessionAffinityConfig", "clientIP", "timeoutSeconds")
+		if t := *c.ClientIP.TimeoutSeconds; svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+			errs = append(errs, field.Forbidden(path, "must not be set when `sessionAffinity` is None"))
+		} else if t <= 0 || t > maxClientIPAffinitySeconds {
+			errs = append(errs, field.Invalid(path, t, fmt.Sprintf("must be greater than 0 and less than or equal to %d", maxClientIPAffinitySeconds)))
+		}
+	}
+	if p := svc.Spec.ExternalTrafficPolicy; p != "" {
+		policies := []corev1.ServiceExternalTrafficPolicy{corev1.ServiceExternalTrafficPolicyCluster, corev1.ServiceExternalTrafficPolicyLocal}
+		if !hasNodePorts(svc) && len(svc.Spec.ExternalIPs) == 0 {
+			errs = append(errs, field.Invalid(spec.Child("externalTrafficPolicy"), p, "may only be set for externally-accessible services"))
+		} else if !slices.Contains(policies, p) {
+			errs = append(errs, field.NotSupported(spec.Child("externalTrafficPolicy"), p, policies))
+		}
+	}
+	if p := svc.Spec.InternalTrafficPolicy; p != nil {
+		policies := []corev1.ServiceInternalTrafficPolicy{corev1.ServiceInternalTrafficPolicyCluster, corev1.ServiceInternalTrafficPolicyLocal}
+		if !slices.Contains(policies, *p) {
+			errs = append(errs, field.NotSupported(spec.Child("internalTrafficPolicy"), *p, policies))
+		}
+	}
+	if len(svc.Spec.ExternalIPs) > 0 {
+		errs = append(errs, field.Forbidden(spec.Child("externalIPs"), "is not supported by Skiff's service proxy"))
+	}
+	errs = append(errs, metav1validation.ValidateLabels(svc.Spec.Selector, spec.Child("selector"))...)
+	return errs
 }
 
 var serviceColumns = []column{
@@ -215,3 +334,6 @@ var nodeColumns = []column{
 		return "<none>"
 	}},
 }
+
+// maxClientIPAffinitySeconds is Kubernetes' cap on sessionAffinityConfig.clientIP.timeoutSeconds (a day).
+const maxClientIPAffinitySeconds = 86400

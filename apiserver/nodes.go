@@ -17,7 +17,6 @@ import (
 	"k8s.io/apiserver/pkg/registry/rest"
 
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
-	"github.com/skiff-dev/skiff/fsm"
 )
 
 // Node pod CIDRs: each Node gets a /24 of the cluster CIDR when it is created, held by a store key created
@@ -35,8 +34,8 @@ const (
 
 type nodeREST struct {
 	*resource
-	cidr    *net.IPNet
-	backend raftstore.Backend
+	cidr   *net.IPNet
+	claims *raftstore.Claims // held pod CIDRs, by cidrKey, holder the Node's name
 }
 
 func (r *nodeREST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
@@ -79,43 +78,37 @@ func (r *nodeREST) assign(ctx context.Context, node *corev1.Node) (string, error
 			return "", apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Node").GroupKind(), node.Name,
 				field.ErrorList{field.Invalid(path, want, "must be an IPv4 network address with a prefix, such as 10.244.1.0/24")})
 		}
-		if err := r.claim(ctx, cidr.String(), node.Name); errors.Is(err, fsm.ErrAlreadyExists) {
-			holder := ""
-			if kv, _, err := r.backend.Store().Get(podCIDRPrefix + cidrKey(cidr.String())); err == nil {
-				holder = string(kv.Value)
-			}
-			if holder == node.Name {
-				// Held by this very Node (an agent registering again): the create will say AlreadyExists,
-				// and the CIDR must stay held.
-				node.Spec.PodCIDRs = []string{cidr.String()}
-				return "", nil
-			}
+		var claimed *raftstore.ClaimedError
+		created, err := r.claims.Claim(ctx, cidrKey(cidr.String()), node.Name)
+		if errors.As(err, &claimed) {
 			return "", apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Node").GroupKind(), node.Name,
-				field.ErrorList{field.Invalid(path, want, fmt.Sprintf("is already assigned to node %q", holder))})
+				field.ErrorList{field.Invalid(path, want, fmt.Sprintf("is already assigned to node %q", claimed.Holder))})
 		} else if err != nil {
 			return "", err
 		}
 		node.Spec.PodCIDRs = []string{cidr.String()}
+		if !created {
+			// Held by this very Node (an agent registering again): the create will say AlreadyExists, and
+			// the CIDR must stay held.
+			return "", nil
+		}
 		return cidr.String(), nil
 	}
 	ones, _ := r.cidr.Mask.Size()
 	if ones > podCIDRBits {
 		return "", nil
 	}
-	taken := map[string]bool{}
-	for _, kv := range r.backend.Store().Range(podCIDRPrefix, "", 0).KVs {
-		taken[kv.Key[len(podCIDRPrefix):]] = true
-	}
+	taken := r.claims.Holders()
 	base := binary.BigEndian.Uint32(r.cidr.IP.To4())
 	for i := uint32(0); i < 1<<(podCIDRBits-ones); i++ {
 		ip := make(net.IP, 4)
 		binary.BigEndian.PutUint32(ip, base+i<<(32-podCIDRBits))
 		cidr := fmt.Sprintf("%s/%d", ip, podCIDRBits)
-		if taken[cidrKey(cidr)] {
+		if _, ok := taken[cidrKey(cidr)]; ok {
 			continue
 		}
-		err := r.claim(ctx, cidr, node.Name)
-		if errors.Is(err, fsm.ErrAlreadyExists) {
+		_, err := r.claims.Claim(ctx, cidrKey(cidr), node.Name)
+		if errors.Is(err, raftstore.ErrClaimed) {
 			continue // another peer took it a moment ago
 		}
 		if err != nil {
@@ -130,20 +123,9 @@ func (r *nodeREST) assign(ctx context.Context, node *corev1.Node) (string, error
 // cidrKey is a CIDR as a key segment: "10.244.3.0/24" is kept as "10.244.3.0-24".
 func cidrKey(cidr string) string { return strings.Replace(cidr, "/", "-", 1) }
 
-func (r *nodeREST) claim(ctx context.Context, cidr, node string) error {
-	res, err := r.backend.Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: podCIDRPrefix + cidrKey(cidr), Value: []byte(node)})
-	if err != nil {
-		return err
-	}
-	return res.Err()
-}
-
 // release frees a CIDR if the node still holds it.
 func (r *nodeREST) release(ctx context.Context, cidr, node string) {
-	key := podCIDRPrefix + cidrKey(cidr)
-	if kv, _, err := r.backend.Store().Get(key); err == nil && string(kv.Value) == node {
-		r.backend.Apply(ctx, &fsm.Command{Type: fsm.CmdDelete, Key: key})
-	}
+	_ = r.claims.Release(ctx, cidrKey(cidr), node) // a CIDR left held is wasted, not shared; a retry is not worth a failed delete
 }
 
 // validateNodeUpdate keeps the pod CIDR as creation assigned it: an update cannot set, change or clear it

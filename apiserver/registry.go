@@ -80,7 +80,7 @@ var kinds = []*kind{
 		columns:    podColumns},
 	{gv: corev1.SchemeGroupVersion, resource: "services", singular: "service", namespaced: true, newFunc: obj[corev1.Service](), newListFunc: obj[corev1.ServiceList](),
 		shortNames: []string{"svc"}, categories: []string{"all"}, hasStatus: true, defaults: defaultService, columns: serviceColumns,
-		prepareUpdate: prepareServiceUpdate, validateUpdate: validateServiceUpdate},
+		prepareUpdate: prepareServiceUpdate, validate: validateService, validateUpdate: validateServiceUpdate},
 	{gv: corev1.SchemeGroupVersion, resource: "endpoints", singular: "endpoints", namespaced: true, newFunc: obj[corev1.Endpoints](), newListFunc: obj[corev1.EndpointsList](),
 		shortNames: []string{"ep"}},
 	{gv: corev1.SchemeGroupVersion, resource: "configmaps", singular: "configmap", namespaced: true, newFunc: obj[corev1.ConfigMap](), newListFunc: obj[corev1.ConfigMapList](),

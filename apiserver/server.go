@@ -212,10 +212,11 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 	}
 	// Services allocate their ClusterIPs as IPAddress objects.
 	groups[""].VersionedResourcesStorageMap["v1"]["services"] = &serviceREST{
-		resource: stores["services"], ips: stores["ipaddresses"].Store, cidr: serviceCIDR, backend: getter.backend,
+		resource: stores["services"], ips: stores["ipaddresses"].Store, cidr: serviceCIDR,
+		nodePorts: raftstore.NewClaims(getter.backend, nodePortPrefix),
 	}
 	// Nodes get their pod CIDRs at creation.
-	nodes := &nodeREST{resource: stores["nodes"], cidr: clusterCIDR, backend: getter.backend}
+	nodes := &nodeREST{resource: stores["nodes"], cidr: clusterCIDR, claims: raftstore.NewClaims(getter.backend, podCIDRPrefix)}
 	nodes.Store.AfterDelete = nodes.releaseAfterDelete
 	groups[""].VersionedResourcesStorageMap["v1"]["nodes"] = nodes
 	// Service account tokens look up the account and the objects they are bound to.

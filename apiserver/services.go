@@ -20,7 +20,6 @@ import (
 	"k8s.io/apiserver/pkg/registry/rest"
 
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
-	"github.com/skiff-dev/skiff/fsm"
 )
 
 // Service addresses are allocated when a Service is created, safely across peers and leader changes:
@@ -40,15 +39,16 @@ const DefaultServiceCIDR = "10.96.0.0/16"
 
 type serviceREST struct {
 	*resource
-	ips     *genericregistry.Store
-	cidr    *net.IPNet
-	backend raftstore.Backend
+	ips       *genericregistry.Store
+	cidr      *net.IPNet
+	nodePorts *raftstore.Claims // by port number, holder "namespace/name"
 }
 
 // allocation is what one Service holds, so a failed create can give it back.
 type allocation struct {
-	ip    string
-	ports []int32
+	ip     string
+	ports  []int32
+	holder string // namespace/name
 }
 
 func (r *serviceREST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
@@ -82,7 +82,7 @@ func (r *serviceREST) Delete(ctx context.Context, name string, deleteValidation 
 }
 
 func allocationOf(svc *corev1.Service) allocation {
-	a := allocation{}
+	a := allocation{holder: svc.Namespace + "/" + svc.Name}
 	if ip := svc.Spec.ClusterIP; ip != "" && ip != corev1.ClusterIPNone {
 		a.ip = ip
 	}
@@ -95,7 +95,7 @@ func allocationOf(svc *corev1.Service) allocation {
 }
 
 func (r *serviceREST) allocate(ctx context.Context, svc *corev1.Service) (allocation, error) {
-	var a allocation
+	a := allocation{holder: svc.Namespace + "/" + svc.Name}
 	invalid := func(path *field.Path, value interface{}, msg string) error {
 		return apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Service").GroupKind(), svc.Name, field.ErrorList{field.Invalid(path, value, msg)})
 	}
@@ -126,7 +126,7 @@ func (r *serviceREST) allocate(ctx context.Context, svc *corev1.Service) (alloca
 		svc.Spec.IPFamilyPolicy = &single
 		svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol}
 	}
-	if svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+	if hasNodePorts(svc) {
 		for i := range svc.Spec.Ports {
 			p := &svc.Spec.Ports[i]
 			path := field.NewPath("spec", "ports").Index(i).Child("nodePort")
@@ -137,7 +137,7 @@ func (r *serviceREST) allocate(ctx context.Context, svc *corev1.Service) (alloca
 				}
 				if err := r.claimPort(ctx, p.NodePort, svc); err != nil {
 					r.release(ctx, a)
-					if errors.Is(err, fsm.ErrAlreadyExists) {
+					if errors.Is(err, raftstore.ErrClaimed) {
 						return allocation{}, invalid(path, p.NodePort, "provided port is already allocated")
 					}
 					return allocation{}, err
@@ -203,19 +203,21 @@ func (r *serviceREST) allocatePort(ctx context.Context, svc *corev1.Service) (in
 		if err == nil {
 			return port, nil
 		}
-		if !errors.Is(err, fsm.ErrAlreadyExists) {
+		if !errors.Is(err, raftstore.ErrClaimed) {
 			return 0, err
 		}
 	}
 	return 0, apierrors.NewInternalError(errors.New("no NodePort is free"))
 }
 
+// claimPort claims a NodePort for the Service. A port the Service holds already counts as claimed by someone
+// else here: a Service never lists one port twice, and an update claims only ports it did not have.
 func (r *serviceREST) claimPort(ctx context.Context, port int32, svc *corev1.Service) error {
-	res, err := r.backend.Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: nodePortPrefix + strconv.Itoa(int(port)), Value: []byte(svc.Namespace + "/" + svc.Name)})
-	if err != nil {
-		return err
+	created, err := r.nodePorts.Claim(ctx, strconv.Itoa(int(port)), svc.Namespace+"/"+svc.Name)
+	if err == nil && !created {
+		return &raftstore.ClaimedError{Name: strconv.Itoa(int(port)), Holder: svc.Namespace + "/" + svc.Name}
 	}
-	return res.Err()
+	return err
 }
 
 func (r *serviceREST) release(ctx context.Context, a allocation) {
@@ -223,7 +225,7 @@ func (r *serviceREST) release(ctx context.Context, a allocation) {
 		r.ips.Delete(genericapirequest.WithNamespace(ctx, ""), a.ip, rest.ValidateAllObjectFunc, &metav1.DeleteOptions{})
 	}
 	for _, p := range a.ports {
-		r.backend.Apply(ctx, &fsm.Command{Type: fsm.CmdDelete, Key: nodePortPrefix + strconv.Itoa(int(p))})
+		_ = r.nodePorts.Release(ctx, strconv.Itoa(int(p)), a.holder) // a port left held is wasted, never shared
 	}
 }
 
@@ -245,9 +247,119 @@ func prepareServiceUpdate(o, old runtime.Object) {
 		svc.Spec.IPFamilies = oldSvc.Spec.IPFamilies
 		svc.Spec.IPFamilyPolicy = oldSvc.Spec.IPFamilyPolicy
 	}
+	if !hasNodePorts(svc) {
+		// Leaving NodePort drops what only NodePorts have, as Kubernetes does, unless the update sets it anew
+		// (which validation then refuses).
+		if hasNodePorts(oldSvc) && svc.Spec.ExternalTrafficPolicy == oldSvc.Spec.ExternalTrafficPolicy {
+			svc.Spec.ExternalTrafficPolicy = ""
+		}
+		return
+	}
 	for i := range svc.Spec.Ports {
 		if svc.Spec.Ports[i].NodePort == 0 && i < len(oldSvc.Spec.Ports) && oldSvc.Spec.Ports[i].Port == svc.Spec.Ports[i].Port {
 			svc.Spec.Ports[i].NodePort = oldSvc.Spec.Ports[i].NodePort
 		}
 	}
+}
+
+// Update claims the NodePorts an update adds (a type changed to NodePort, a new port, a changed nodePort) and,
+// once the update is stored, releases the ones it dropped; a failed update gives back what it claimed.
+func (r *serviceREST) Update(ctx context.Context, name string, objInfo rest.UpdatedObjectInfo, createValidation rest.ValidateObjectFunc,
+	updateValidation rest.ValidateObjectUpdateFunc, forceAllowCreate bool, options *metav1.UpdateOptions) (runtime.Object, bool, error) {
+	if options != nil && len(options.DryRun) > 0 {
+		return r.resource.Update(ctx, name, objInfo, createValidation, updateValidation, forceAllowCreate, options)
+	}
+	u := &nodePortUpdate{UpdatedObjectInfo: objInfo, r: r}
+	out, created, err := r.resource.Update(ctx, name, u, createValidation, updateValidation, forceAllowCreate, options)
+	keep := map[int32]bool{}
+	if err == nil {
+		for _, p := range out.(*corev1.Service).Spec.Ports {
+			keep[p.NodePort] = true
+		}
+	}
+	free := allocation{holder: u.holder}
+	for _, p := range u.claimed {
+		if !keep[p] {
+			free.ports = append(free.ports, p) // claimed by an attempt that did not stick
+		}
+	}
+	if err == nil && u.old != nil {
+		for _, p := range u.old.Spec.Ports {
+			if p.NodePort != 0 && !keep[p.NodePort] {
+				free.ports = append(free.ports, p.NodePort) // dropped by the update
+			}
+		}
+	}
+	r.release(context.WithoutCancel(ctx), free)
+	return out, created, err
+}
+
+// nodePortUpdate wraps an update's new object: it carries the allocated addresses over and claims the NodePorts
+// the new object needs. The store may call it more than once (conflict retries); every port it claims is
+// remembered so that the ones the stored object does not keep are released.
+type nodePortUpdate struct {
+	rest.UpdatedObjectInfo
+	r       *serviceREST
+	holder  string
+	old     *corev1.Service // the version the last attempt updated
+	claimed []int32
+}
+
+func (u *nodePortUpdate) UpdatedObject(ctx context.Context, oldObj runtime.Object) (runtime.Object, error) {
+	obj, err := u.UpdatedObjectInfo.UpdatedObject(ctx, oldObj)
+	if err != nil {
+		return nil, err
+	}
+	svc, old := obj.(*corev1.Service), oldObj.(*corev1.Service)
+	u.holder, u.old = old.Namespace+"/"+old.Name, old
+	prepareServiceUpdate(svc, old)
+	held := map[int32]bool{}
+	for _, p := range old.Spec.Ports {
+		held[p.NodePort] = p.NodePort != 0
+	}
+	if !hasNodePorts(svc) {
+		// Leaving NodePort: the ports carried over are dropped, as Kubernetes does; a port the user sets
+		// anew is left for validation to refuse.
+		for i := range svc.Spec.Ports {
+			if held[svc.Spec.Ports[i].NodePort] {
+				svc.Spec.Ports[i].NodePort = 0
+			}
+		}
+		return svc, nil
+	}
+	for i := range svc.Spec.Ports {
+		p := &svc.Spec.Ports[i]
+		if held[p.NodePort] {
+			continue
+		}
+		if p.NodePort == 0 {
+			port, err := u.r.allocatePort(ctx, svc)
+			if err != nil {
+				return nil, err
+			}
+			p.NodePort = port
+			u.claimed = append(u.claimed, port)
+			continue
+		}
+		path := field.NewPath("spec", "ports").Index(i).Child("nodePort")
+		if p.NodePort < nodePortMin || p.NodePort > nodePortMax {
+			return nil, apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Service").GroupKind(), svc.Name, field.ErrorList{
+				field.Invalid(path, p.NodePort, fmt.Sprintf("provided port is not in the valid range. The range of valid ports is %d-%d", nodePortMin, nodePortMax))})
+		}
+		created, err := u.r.nodePorts.Claim(ctx, strconv.Itoa(int(p.NodePort)), u.holder)
+		if errors.Is(err, raftstore.ErrClaimed) {
+			return nil, apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Service").GroupKind(), svc.Name, field.ErrorList{
+				field.Invalid(path, p.NodePort, "provided port is already allocated")})
+		} else if err != nil {
+			return nil, err
+		}
+		if created {
+			u.claimed = append(u.claimed, p.NodePort)
+		}
+	}
+	return svc, nil
+}
+
+func hasNodePorts(svc *corev1.Service) bool {
+	return svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer
 }
