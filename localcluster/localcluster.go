@@ -538,6 +538,9 @@ func Down(dir string) error {
 				}
 			}
 		}
+		if err := killNetnsProcesses(h.Netns, 15*time.Second); err != nil {
+			errs = append(errs, err)
+		}
 		if err := run("ip", "netns", "del", h.Netns); err != nil && !strings.Contains(err.Error(), "No such file") {
 			errs = append(errs, err)
 		}
@@ -554,4 +557,41 @@ func Down(dir string) error {
 		return err
 	}
 	return os.RemoveAll(dir)
+}
+
+// killNetnsProcesses kills whatever still runs in a host's network namespace once its skiff process is gone
+// (a private containerd and its shims, a process a test started there) and waits until it has exited, so
+// that `down` returns only when nothing it started is left. Containers run in their pods' own namespaces;
+// the agent's teardown has removed them before this.
+func killNetnsProcesses(netns string, timeout time.Duration) error {
+	pids := func() []int {
+		out, err := exec.Command("ip", "netns", "pids", netns).Output()
+		if err != nil {
+			return nil // no such namespace: nothing runs in it
+		}
+		var pids []int
+		for _, f := range strings.Fields(string(out)) {
+			var pid int
+			if _, err := fmt.Sscan(f, &pid); err == nil && alive(pid) {
+				pids = append(pids, pid)
+			}
+		}
+		return pids
+	}
+	sig := syscall.SIGTERM
+	for deadline := time.Now().Add(timeout); ; time.Sleep(100 * time.Millisecond) {
+		left := pids()
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			if sig == syscall.SIGKILL {
+				return fmt.Errorf("processes %v still run in %s", left, netns)
+			}
+			sig, deadline = syscall.SIGKILL, time.Now().Add(5*time.Second)
+		}
+		for _, pid := range left {
+			_ = syscall.Kill(pid, sig)
+		}
+	}
 }

@@ -114,3 +114,13 @@ func staticBinary(pkg string) ([]byte, error) {
 	}
 	return os.ReadFile(out)
 }
+
+// WriteServerTarball writes the server image, named ref, as an image tarball at path, for agents that import
+// images from their data dir (`skiff local up --images DIR`) instead of pulling them.
+func WriteServerTarball(ref, path string) error {
+	b := build()
+	if b.err != nil {
+		return b.err
+	}
+	return images.WriteTarball(b.server, ref, path)
+}

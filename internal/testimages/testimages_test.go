@@ -202,7 +202,7 @@ func status(t *testing.T, url string) (int, string) {
 func TestServerEndpoints(t *testing.T) {
 	p := startServer(t, []string{"MESSAGE=hello"})
 	host, _ := os.Hostname()
-	if code, body := status(t, p.url+"/"); code != 200 || body != "hostname="+host+"\nmessage=hello\n" {
+	if code, body := status(t, p.url+"/"); code != 200 || !strings.HasPrefix(body, "hostname="+host+"\nmessage=hello\nclient=127.0.0.1:") {
 		t.Errorf("/ = %d %q", code, body)
 	}
 	file := filepath.Join(t.TempDir(), "data")
@@ -236,6 +236,58 @@ func TestServerEndpoints(t *testing.T) {
 	}
 	if code := p.wait(t); code != 3 {
 		t.Errorf("exit code %d, want 3", code)
+	}
+}
+
+// TestServerClientEndpoints drives the client side against a second server: fetches that reach it, one
+// that is refused, a load over one kept-alive connection, and a name lookup.
+func TestServerClientEndpoints(t *testing.T) {
+	client, target := startServer(t, nil), startServer(t, []string{"MESSAGE=target"})
+	host, _ := os.Hostname()
+	var sum struct {
+		OK, Failed, NewConns int
+		Errors               []string
+		Backends             map[string]int
+	}
+	decode := func(url string, into any) {
+		t.Helper()
+		code, body := status(t, url)
+		if code != 200 {
+			t.Fatalf("%s: %d %s", url, code, body)
+		}
+		if err := json.Unmarshal([]byte(body), into); err != nil {
+			t.Fatalf("%s: %v: %s", url, err, body)
+		}
+	}
+	decode(client.url+"/fetch?n=5&url="+target.url+"/", &sum)
+	if sum.OK != 5 || sum.Failed != 0 || sum.Backends[host] != 5 || sum.NewConns != 5 {
+		t.Errorf("/fetch: %+v", sum)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := "http://" + ln.Addr().String() + "/"
+	ln.Close()
+	decode(client.url+"/fetch?n=1&url="+closed, &sum)
+	if sum.OK != 0 || sum.Failed != 1 || len(sum.Errors) != 1 || !strings.Contains(sum.Errors[0], "connection refused") {
+		t.Errorf("/fetch of a closed port: %+v", sum)
+	}
+	if code, body := status(t, client.url+"/load/start?rate=50&keepalive=1&url="+target.url+"/"); code != 200 {
+		t.Fatalf("/load/start: %d %s", code, body)
+	}
+	time.Sleep(300 * time.Millisecond)
+	decode(client.url+"/load/stop", &sum)
+	if sum.OK < 5 || sum.Failed != 0 || sum.NewConns != 1 {
+		t.Errorf("/load over one connection: %+v", sum)
+	}
+	var ans struct {
+		Answers []string
+		Error   string
+	}
+	decode(client.url+"/dns?name=localhost", &ans)
+	if ans.Error != "" || len(ans.Answers) == 0 {
+		t.Errorf("/dns localhost: %+v", ans)
 	}
 }
 

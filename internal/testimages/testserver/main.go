@@ -4,13 +4,17 @@
 // It listens on all interfaces at the port of -port, whose default is $PORT or else 8080 (0 picks a free port;
 // the start line printed to stdout, "testserver listening on ADDR", gives it). Endpoints:
 //
-//	/               "hostname=H\nmessage=M\n", with the host name and $MESSAGE
+//	/               "hostname=H\nmessage=M\nclient=ADDR\n", with the host name, $MESSAGE and the
+//	                peer address the request came from
 //	/healthz        200 "ok", or 500 once /fail has been called
 //	/fail           makes /healthz fail from then on
 //	/ready          200 "ready", or 503 once /unready has been called
 //	/unready        makes /ready fail from then on
 //	/exit?code=N    replies, then exits with code N
 //	/file?path=P    the content of file P (404 if it does not exist)
+//
+// As a client, for network tests that need a pod's point of view (see client.go): /fetch, /load/start,
+// /load/stop and /dns.
 //
 // On SIGTERM it prints "got SIGTERM" to stdout, and to the file -term-file names if any, then exits 0; with
 // -ignore-sigterm it ignores SIGTERM, so that only SIGKILL stops it (for graceful-deletion tests).
@@ -87,6 +91,7 @@ type server struct {
 	failing atomic.Bool
 	unready atomic.Bool
 	exit    chan int
+	client  client
 }
 
 func (s *server) handler() http.Handler {
@@ -94,7 +99,7 @@ func (s *server) handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/{$}", func(w http.ResponseWriter, r *http.Request) {
 		host, _ := os.Hostname()
-		fmt.Fprintf(w, "hostname=%s\nmessage=%s\n", host, os.Getenv("MESSAGE"))
+		fmt.Fprintf(w, "hostname=%s\nmessage=%s\nclient=%s\n", host, os.Getenv("MESSAGE"), r.RemoteAddr)
 	})
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		if s.failing.Load() {
@@ -141,5 +146,6 @@ func (s *server) handler() http.Handler {
 			_, _ = w.Write(b)
 		}
 	})
+	s.client.register(mux)
 	return mux
 }
