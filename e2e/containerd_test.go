@@ -124,6 +124,9 @@ type podJSON struct {
 	Metadata struct {
 		UID string `json:"uid"`
 	} `json:"metadata"`
+	Spec struct {
+		NodeName string `json:"nodeName"`
+	} `json:"spec"`
 	Status struct {
 		Phase             string `json:"phase"`
 		PodIP             string `json:"podIP"`

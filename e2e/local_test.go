@@ -53,35 +53,7 @@ func TestLocalHACluster(t *testing.T) {
 	if err := images.WriteTarball(img, "example.test/offline:1", filepath.Join(imageDir, "offline.tar")); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(bin, "local", "up", "--servers", "3", "--agents", "2", "--dir", dir, "--images", imageDir).CombinedOutput()
-	st, loadErr := localcluster.Load(dir)
-	t.Cleanup(func() {
-		if t.Failed() && st != nil {
-			// A server's goroutines show where a stuck leader service waits: SIGQUIT makes the Go runtime
-			// write them to its log as it exits.
-			for _, h := range st.Hosts {
-				if h.Role == "server" {
-					_ = st.Signal(h.Name, syscall.SIGQUIT, 5*time.Second)
-				}
-			}
-			for _, h := range st.Hosts {
-				if data, err := os.ReadFile(h.Log); err == nil {
-					log, stacks := splitGoroutineDump(string(data))
-					t.Logf("--- %s log (tail) ---\n%s", h.Name, tailString(log, 3000))
-					if mine := goroutinesIn(stacks, "skiff/controller.runNodeLifecycle", "skiff/controller.(*lifecycle)"); mine != "" {
-						t.Logf("--- %s node lifecycle controller at exit ---\n%s", h.Name, tailString(mine, 6000))
-					}
-				}
-			}
-		}
-		if out, err := exec.Command(bin, "local", "down", "--dir", dir).CombinedOutput(); err != nil {
-			t.Errorf("skiff local down: %v\n%s", err, out)
-		}
-		os.RemoveAll(dir)
-	})
-	if err != nil || loadErr != nil {
-		t.Fatalf("skiff local up: %v %v\n%s", err, loadErr, out)
-	}
+	st := upLocalCluster(t, bin, dir, "--images", imageDir)
 	k := kubectl{t: t, kubeconfig: st.Kubeconfig(dir)}
 	k.waitNodeHealth("agent-1", "True/", 60*time.Second)
 	k.waitNodeHealth("agent-2", "True/", 60*time.Second)
@@ -281,6 +253,43 @@ spec:
 		t.Fatal(err)
 	}
 	k2.waitNodeHealth("agent-1", "True/", 60*time.Second)
+}
+
+// upLocalCluster runs `skiff local up --servers 3 --agents 2` in dir with the extra arguments, and has the
+// test's cleanup bring it down and remove dir. When the test fails, each server is sent SIGQUIT first and the
+// tail of every host's log is logged, with the node lifecycle controller's goroutines (a stuck leader service
+// shows where it waits).
+func upLocalCluster(t *testing.T, bin, dir string, extra ...string) *localcluster.State {
+	t.Helper()
+	args := append([]string{"local", "up", "--servers", "3", "--agents", "2", "--dir", dir}, extra...)
+	out, err := exec.Command(bin, args...).CombinedOutput()
+	st, loadErr := localcluster.Load(dir)
+	t.Cleanup(func() {
+		if t.Failed() && st != nil {
+			for _, h := range st.Hosts {
+				if h.Role == "server" {
+					_ = st.Signal(h.Name, syscall.SIGQUIT, 5*time.Second)
+				}
+			}
+			for _, h := range st.Hosts {
+				if data, err := os.ReadFile(h.Log); err == nil {
+					log, stacks := splitGoroutineDump(string(data))
+					t.Logf("--- %s log (tail) ---\n%s", h.Name, tailString(log, 3000))
+					if mine := goroutinesIn(stacks, "skiff/controller.runNodeLifecycle", "skiff/controller.(*lifecycle)"); mine != "" {
+						t.Logf("--- %s node lifecycle controller at exit ---\n%s", h.Name, tailString(mine, 6000))
+					}
+				}
+			}
+		}
+		if out, err := exec.Command(bin, "local", "down", "--dir", dir).CombinedOutput(); err != nil {
+			t.Errorf("skiff local down: %v\n%s", err, out)
+		}
+		os.RemoveAll(dir)
+	})
+	if err != nil || loadErr != nil {
+		t.Fatalf("skiff local up: %v %v\n%s", err, loadErr, out)
+	}
+	return st
 }
 
 // keeperPod is the Running pod of the keeper ReplicaSet.
