@@ -9,9 +9,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptrace"
+	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,6 +27,8 @@ import (
 //	                                time when keepalive is set, over one kept-alive connection if it lasts)
 //	/load/stop                      stops the load and answers its Summary
 //	/dns?name=N&type=T              resolves N with the pod's resolver (T: A, SRV, CNAME, PTR); a DNSAnswer
+//	/dnsload?name=N&n=K&c=C         K lookups of N over C workers, each straight to the pod's first
+//	                                nameserver (no search list); a DNSLoad
 
 // Summary is what a series of requests saw.
 type Summary struct {
@@ -69,6 +74,7 @@ func (c *client) register(mux *http.ServeMux) {
 	mux.HandleFunc("/load/start", c.startLoad)
 	mux.HandleFunc("/load/stop", c.stopLoad)
 	mux.HandleFunc("/dns", resolve)
+	mux.HandleFunc("/dnsload", dnsLoad)
 }
 
 // get sends one GET with its own client; it reports the body and whether a new connection was opened.
@@ -231,4 +237,70 @@ func resolve(w http.ResponseWriter, r *http.Request) {
 func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// DNSLoad is what /dnsload measured.
+type DNSLoad struct {
+	Queries int     `json:"queries"`
+	Failed  int     `json:"failed"`
+	Error   string  `json:"error,omitempty"` // the first failure
+	QPS     float64 `json:"qps"`
+	P50US   int64   `json:"p50us"`
+	P99US   int64   `json:"p99us"`
+}
+
+// dnsLoad sends A queries for one fully qualified name with Go's resolver, pinned to the first nameserver of
+// /etc/resolv.conf, and reports throughput and latency percentiles.
+func dnsLoad(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	name := q.Get("name")
+	n, _ := strconv.Atoi(q.Get("n"))
+	workers, _ := strconv.Atoi(q.Get("c"))
+	n, workers = max(n, 1), max(workers, 1)
+	conf, _ := os.ReadFile("/etc/resolv.conf")
+	var server string
+	for _, line := range strings.Split(string(conf), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == "nameserver" && server == "" {
+			server = net.JoinHostPort(f[1], "53")
+		}
+	}
+	if server == "" {
+		http.Error(w, "no nameserver in /etc/resolv.conf", http.StatusInternalServerError)
+		return
+	}
+	resolver := &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, network, server)
+	}}
+	lat := make([]time.Duration, n)
+	var failed atomic.Int64
+	var firstErr atomic.Value
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := next.Add(1) - 1; i < int64(n); i = next.Add(1) - 1 {
+				ctx, cancel := context.WithTimeout(r.Context(), 5*time.Second)
+				t := time.Now()
+				_, err := resolver.LookupHost(ctx, name)
+				lat[i] = time.Since(t)
+				cancel()
+				if err != nil {
+					failed.Add(1)
+					firstErr.CompareAndSwap(nil, err.Error())
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	slices.Sort(lat)
+	out := DNSLoad{Queries: n, Failed: int(failed.Load()), QPS: float64(n) / elapsed.Seconds(),
+		P50US: lat[(n-1)*50/100].Microseconds(), P99US: lat[(n-1)*99/100].Microseconds()}
+	if e, ok := firstErr.Load().(string); ok {
+		out.Error = e
+	}
+	writeJSON(w, out)
 }
