@@ -66,6 +66,8 @@ var controllers = []struct {
 	{"node-lifecycle", runNodeLifecycle},
 	{"replicaset", runReplicaSetController},
 	{"deployment", runDeploymentController},
+	{"endpointslice", runEndpointSliceController},
+	{"endpoints", runEndpointsController},
 }
 
 // podsByNode names the pod informer's index by spec.nodeName.
