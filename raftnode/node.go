@@ -406,7 +406,10 @@ func (n *Node) LinearizableRead(ctx context.Context) error {
 		case leaderAddr != "":
 			var reply ReadIndexReply
 			err = n.pool.call(ctx, leaderAddr, "Skiff.ReadIndex", ReadIndexArgs{}, &reply)
-			idx = reply.Index
+			if err == nil {
+				// Only then: a call abandoned at ctx's end may still be decoding its late answer into reply.
+				idx = reply.Index
+			}
 			var de *dialError
 			switch {
 			case errors.As(err, &de) || isConnError(err):
