@@ -82,7 +82,7 @@ var kinds = []*kind{
 		shortNames: []string{"svc"}, categories: []string{"all"}, hasStatus: true, defaults: defaultService, columns: serviceColumns,
 		prepareUpdate: prepareServiceUpdate, validate: validateService, validateUpdate: validateServiceUpdate},
 	{gv: corev1.SchemeGroupVersion, resource: "endpoints", singular: "endpoints", namespaced: true, newFunc: obj[corev1.Endpoints](), newListFunc: obj[corev1.EndpointsList](),
-		shortNames: []string{"ep"}},
+		shortNames: []string{"ep"}, columns: endpointsColumns},
 	{gv: corev1.SchemeGroupVersion, resource: "configmaps", singular: "configmap", namespaced: true, newFunc: obj[corev1.ConfigMap](), newListFunc: obj[corev1.ConfigMapList](),
 		shortNames: []string{"cm"}, columns: []column{nameColumn, {name: "Data", typ: "integer", value: configMapData}, ageColumn}},
 	{gv: corev1.SchemeGroupVersion, resource: "secrets", singular: "secret", namespaced: true, newFunc: obj[corev1.Secret](), newListFunc: obj[corev1.SecretList](),
@@ -124,7 +124,7 @@ var kinds = []*kind{
 		shortNames: []string{"cj"}, categories: []string{"all"}, hasStatus: true},
 
 	// discovery.k8s.io/v1
-	{gv: discoveryv1.SchemeGroupVersion, resource: "endpointslices", singular: "endpointslice", namespaced: true, newFunc: obj[discoveryv1.EndpointSlice](), newListFunc: obj[discoveryv1.EndpointSliceList]()},
+	{gv: discoveryv1.SchemeGroupVersion, resource: "endpointslices", singular: "endpointslice", namespaced: true, newFunc: obj[discoveryv1.EndpointSlice](), newListFunc: obj[discoveryv1.EndpointSliceList](), columns: endpointSliceColumns},
 
 	// events.k8s.io/v1: the core Events, in the newer shape, from the same storage.
 	{gv: eventsv1.SchemeGroupVersion, resource: "events", singular: "event", namespaced: true, newFunc: obj[eventsv1.Event](), newListFunc: obj[eventsv1.EventList](),
