@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/hashicorp/hcl/v2/hclsyntax"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -51,6 +52,15 @@ type AgentBlock struct {
 	Runtime          *string           `hcl:"runtime,optional"`
 	Registries       []RegistryBlock   `hcl:"registry,block"`
 	Simulated        *SimulatedBlock   `hcl:"simulated,block"`
+	Proxy            *ProxyBlock       `hcl:"proxy,block"`
+	DNS              *DNSBlock         `hcl:"dns,block"`
+}
+
+// DNSBlock is `agent { dns { ... } }`: the agent's embedded CoreDNS (containerd runtime only).
+type DNSBlock struct {
+	Enabled *bool `hcl:"enabled,optional"`
+	// Corefile replaces the built-in Corefile; it is a Go template (see AgentDNS.Corefile).
+	Corefile *string `hcl:"corefile,optional"`
 }
 
 // RegistryBlock is `agent { registry "host:port" { ... } }`, like containerd's hosts.toml.
@@ -71,6 +81,13 @@ type SimulatedBlock struct {
 	Pods   *int              `hcl:"pods,optional"`
 	Labels map[string]string `hcl:"labels,optional"`
 	Zones  *int              `hcl:"zones,optional"`
+}
+
+// ProxyBlock is `agent { proxy { ... } }`: the iptables service proxy.
+type ProxyBlock struct {
+	Enabled          *bool   `hcl:"enabled,optional"`
+	MinSyncInterval  *string `hcl:"min_sync_interval,optional"`
+	FullSyncInterval *string `hcl:"full_sync_interval,optional"`
 }
 
 // The runtimes an agent can run pods with.
@@ -104,6 +121,29 @@ type Agent struct {
 	Runtime    string
 	Registries []Registry
 	Simulated  Simulated
+	Proxy      Proxy
+	DNS        AgentDNS
+}
+
+// AgentDNS configures the cluster DNS the agent serves to its pods (containerd runtime only).
+type AgentDNS struct {
+	Enabled bool
+	// Corefile overrides the built-in Corefile when not empty. It is a Go text/template with the fields
+	// {{.ClusterDomain}}, {{.Bind}}, {{.Port}}, {{.Kubeconfig}}, {{.HealthAddr}}, {{.MetricsAddr}} and
+	// {{.Upstream}}; the agent checks it at start (package nodeagent/dns) and reports errors at
+	// CorefileFile:CorefileLine, the file line of the Corefile's first line, plus the Corefile's line.
+	Corefile     string
+	CorefileFile string
+	CorefileLine int
+}
+
+// Proxy configures the service proxy (containerd runtime only).
+type Proxy struct {
+	Enabled bool
+	// MinSyncInterval batches the changes of that long into one iptables transaction.
+	MinSyncInterval time.Duration
+	// FullSyncInterval is how often the rules are rewritten without any change, to repair them.
+	FullSyncInterval time.Duration
 }
 
 // Registry is the resolved configuration of one registry host.
@@ -132,6 +172,8 @@ func DefaultAgentFile() *AgentFile {
 		Agent: &AgentBlock{
 			Enabled: ptr(true), MaxPods: ptr(110), Runtime: ptr(RuntimeContainerd), RetryInterval: ptr("15s"), RetryMax: ptr(0),
 			Simulated: &SimulatedBlock{Nodes: ptr(1), CPU: ptr("4"), Memory: ptr("8Gi"), Pods: ptr(110), Zones: ptr(1)},
+			Proxy:     &ProxyBlock{Enabled: ptr(true), MinSyncInterval: ptr("1s"), FullSyncInterval: ptr("30s")},
+			DNS:       &DNSBlock{Enabled: ptr(true)},
 		},
 	}
 }
@@ -264,6 +306,13 @@ func resolveAgent(f *AgentFile, src *source) (*Agent, error) {
 		}
 		a.Registries = append(a.Registries, reg)
 	}
+	a.Proxy = Proxy{Enabled: *b.Proxy.Enabled,
+		MinSyncInterval:  errs.duration(src, "agent.proxy.min_sync_interval", *b.Proxy.MinSyncInterval),
+		FullSyncInterval: errs.duration(src, "agent.proxy.full_sync_interval", *b.Proxy.FullSyncInterval)}
+	if a.Proxy.MinSyncInterval > 0 && a.Proxy.FullSyncInterval > 0 && a.Proxy.FullSyncInterval < a.Proxy.MinSyncInterval {
+		errs.add(src, "agent.proxy.full_sync_interval", fmt.Sprintf("%s is shorter than min_sync_interval (%s)", a.Proxy.FullSyncInterval, a.Proxy.MinSyncInterval))
+	}
+	a.DNS = resolveDNS(b.DNS, src, &errs)
 	sim := b.Simulated
 	a.Simulated = Simulated{Nodes: *sim.Nodes, Pods: *sim.Pods, Zones: *sim.Zones, Labels: sim.Labels}
 	for _, q := range []struct {
@@ -310,4 +359,45 @@ func parseTaint(spec string) (corev1.Taint, error) {
 		return taint, fmt.Errorf("taint %q: value: %s", spec, strings.Join(msgs, "; "))
 	}
 	return taint, nil
+}
+
+// resolveDNS reads agent.dns and finds where the Corefile override starts in the file: its first line is the
+// line after `<<EOF` for a heredoc, the attribute's line for a quoted string.
+func resolveDNS(b *DNSBlock, src *source, errs *Errors) AgentDNS {
+	d := AgentDNS{Enabled: *b.Enabled}
+	if b.Corefile == nil {
+		return d
+	}
+	d.Corefile = *b.Corefile
+	if strings.TrimSpace(d.Corefile) == "" {
+		errs.add(src, "agent.dns.corefile", "is empty; leave it out for the built-in Corefile")
+		return d
+	}
+	if src == nil || src.body == nil {
+		return d // set by flags: no file to point at
+	}
+	if attr := dnsCorefileAttr(src.body); attr != nil {
+		d.CorefileFile, d.CorefileLine = src.path, attr.SrcRange.Start.Line
+		if te, ok := attr.Expr.(*hclsyntax.TemplateExpr); ok && len(te.Parts) > 0 {
+			d.CorefileLine = te.Parts[0].Range().Start.Line
+		}
+	}
+	return d
+}
+
+// dnsCorefileAttr is the agent.dns.corefile attribute of a parsed file, or nil.
+func dnsCorefileAttr(body *hclsyntax.Body) *hclsyntax.Attribute {
+	for _, agent := range body.Blocks {
+		if agent.Type != "agent" {
+			continue
+		}
+		for _, dns := range agent.Body.Blocks {
+			if dns.Type == "dns" {
+				if attr, ok := dns.Body.Attributes["corefile"]; ok {
+					return attr
+				}
+			}
+		}
+	}
+	return nil
 }

@@ -3,6 +3,7 @@ package config
 import (
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 )
@@ -21,6 +22,9 @@ agent {
   registry "registry.example.com:5000" {
     endpoints  = ["https://mirror.internal:5000"]
     plain_http = true
+  }
+  proxy {
+    min_sync_interval = "250ms"
   }
   simulated {
     nodes  = 5000
@@ -53,6 +57,9 @@ func TestLoadAgentExample(t *testing.T) {
 	if s := a.Simulated; s.Nodes != 5000 || s.Zones != 3 || s.CPU.String() != "4" || s.Memory.String() != "8Gi" || s.Labels["topology.kubernetes.io/zone"] != "zone-%d" {
 		t.Errorf("simulated %+v", s)
 	}
+	if p := a.Proxy; !p.Enabled || p.MinSyncInterval != 250*time.Millisecond || p.FullSyncInterval != 30*time.Second {
+		t.Errorf("proxy %+v (defaults kept beside the file's min_sync_interval)", p)
+	}
 }
 
 func TestAgentErrorsNameFileLineAndKey(t *testing.T) {
@@ -72,6 +79,9 @@ func TestAgentErrorsNameFileLineAndKey(t *testing.T) {
 		{"short encrypt key", "encrypt = \"c2hvcnQ=\"\n" + base + "}\n", ":1: encrypt: must be a base64 key"},
 		{"negative retry_max", base + "  retry_max = -1\n}\n", ":6: agent.retry_max: must be 0 (forever) or more"},
 		{"bad retry_join", base + "  retry_join = [\"host:notaport\"]\n}\n", ":6: agent.retry_join: entry 0"},
+		{"bad proxy interval", base + "  proxy {\n    min_sync_interval = \"soon\"\n  }\n}\n", ":7: agent.proxy.min_sync_interval: \"soon\" is not a duration"},
+		{"zero proxy interval", base + "  proxy {\n    full_sync_interval = \"0s\"\n  }\n}\n", ":7: agent.proxy.full_sync_interval: \"0s\" must be positive"},
+		{"full sync shorter than min", base + "  proxy {\n    min_sync_interval = \"10s\"\n    full_sync_interval = \"5s\"\n  }\n}\n", ":8: agent.proxy.full_sync_interval: 5s is shorter than min_sync_interval"},
 		{"bad name", "name = \"Node_1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n  token = \"t\"\n}\n", ":1: name: \"Node_1\" is not a valid node name"},
 	}
 	for _, tc := range cases {
@@ -112,5 +122,44 @@ agent {
 	if strings.Join(a.RetryJoin, ",") != "10.0.0.1:7950,10.0.0.2:7000" || a.RetryInterval.String() != "3s" || a.RetryMax != 5 ||
 		a.GossipPort != 7950 || a.Encrypt == "" || len(a.Servers) != 0 {
 		t.Fatalf("resolved %+v", a)
+	}
+}
+
+func TestAgentDNS(t *testing.T) {
+	base := "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n  token = \"t\"\n"
+	a, err := LoadAgent(writeFile(t, base+"}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !a.DNS.Enabled || a.DNS.Corefile != "" {
+		t.Errorf("default dns %+v, want enabled with the built-in Corefile", a.DNS)
+	}
+	cases := []struct {
+		name, body string
+		line       int // of the Corefile's first line
+	}{
+		{"heredoc", base + "  dns {\n    corefile = <<EOF\n.:53 {\n    errors\n}\nEOF\n  }\n}\n", 8},
+		{"indented heredoc", base + "  dns {\n    enabled = true\n    corefile = <<-EOF\n      .:53 {\n        errors\n      }\n    EOF\n  }\n}\n", 9},
+		{"quoted", base + "  dns {\n    corefile = \".:53 {\\n errors\\n}\\n\"\n  }\n}\n", 7},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			path := writeFile(t, tc.body)
+			a, err := LoadAgent(path, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.HasPrefix(strings.TrimSpace(a.DNS.Corefile), ".:53 {") || a.DNS.CorefileFile != path || a.DNS.CorefileLine != tc.line {
+				t.Errorf("dns %+v, want the Corefile from %s:%d", a.DNS, path, tc.line)
+			}
+		})
+	}
+	a, err = LoadAgent(writeFile(t, base+"  dns {\n    enabled = false\n  }\n}\n"), nil)
+	if err != nil || a.DNS.Enabled {
+		t.Errorf("enabled = false: %+v, %v", a.DNS, err)
+	}
+	path := writeFile(t, base+"  dns {\n    corefile = \"  \"\n  }\n}\n")
+	if _, err := LoadAgent(path, nil); err == nil || !strings.Contains(err.Error(), path+":7: agent.dns.corefile: is empty") {
+		t.Errorf("empty corefile: %v", err)
 	}
 }

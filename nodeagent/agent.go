@@ -26,6 +26,7 @@ import (
 
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/gossip"
+	"github.com/skiff-dev/skiff/nodeagent/proxy"
 )
 
 // Agent runs the pods bound to its nodes.
@@ -37,7 +38,8 @@ type Agent struct {
 	recorder record.EventRecorder
 	nodes    map[string]bool // the nodes this agent hosts
 	pods     cache.Indexer
-	pool     *gossip.Pool // nil without retry_join
+	pool     *gossip.Pool  // nil without retry_join
+	facts    *clusterFacts // the servers' skiff-cluster ConfigMap: cluster DNS address and domain
 	ctx      context.Context
 
 	mu sync.Mutex
@@ -61,7 +63,10 @@ type podWorker struct {
 // New builds an agent.
 func New(cfg *config.Agent, logger hclog.Logger) (*Agent, error) {
 	a := &Agent{cfg: cfg, logger: logger, nodes: map[string]bool{}, workers: map[string]*podWorker{},
-		running: map[string]*corev1.Pod{}, statusWrites: make(chan struct{}, 16)}
+		running: map[string]*corev1.Pod{}, statusWrites: make(chan struct{}, 16), facts: newClusterFacts()}
+	if err := validateDNS(cfg); err != nil {
+		return nil, err
+	}
 	switch cfg.Runtime {
 	case config.RuntimeSimulated:
 		a.runtime = newSimulatedRuntime()
@@ -141,6 +146,18 @@ func (a *Agent) Run(ctx context.Context) error {
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
 	a.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: a.cfg.Name})
 	if a.cfg.Runtime == config.RuntimeContainerd {
+		// The lock that shows other agents on this host that this one's iptables rules are alive; then the
+		// rules of agents that died without cleaning up go (a stale masquerade chain would hijack pod traffic).
+		owner, err := proxy.Claim(a.cfg.DataDir, 10*time.Second)
+		if err != nil {
+			return err
+		}
+		defer owner.Release()
+		if removed, err := proxy.RemoveStale(ctx, proxy.Commands{}, hostID(a.cfg.Name, a.cfg.DataDir)); err != nil {
+			a.logger.Warn("removing iptables rules of dead agents", "error", err)
+		} else if len(removed) > 0 {
+			a.logger.Info("removed iptables rules of dead agents", "owners", removed)
+		}
 		rt, err := newContainerdRuntime(ctx, a.cfg, a.logger)
 		if err != nil {
 			return err
@@ -152,6 +169,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		return err
 	}
 	a.logger.Info("nodes registered", "nodes", len(a.nodes), "runtime", a.runtime.Version())
+	if a.cfg.Runtime == config.RuntimeContainerd {
+		a.watchClusterFacts(ctx, 15*time.Second) // before the first pod's resolv.conf
+	}
 
 	selector := fields.OneTermNotEqualSelector("spec.nodeName", "").String()
 	if len(a.nodes) == 1 {
@@ -188,6 +208,32 @@ func (a *Agent) Run(ctx context.Context) error {
 	if a.cfg.Runtime == config.RuntimeContainerd {
 		go a.resyncAll(ctx, 30*time.Second)
 		go a.syncPodRoutes(ctx)
+		if rt, ok := a.runtime.(*containerdRuntime); ok && a.cfg.DNS.Enabled {
+			node, err := a.client.CoreV1().Nodes().Get(ctx, a.cfg.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			a.wg.Add(1) // CoreDNS stops before Run returns
+			go func() {
+				defer a.wg.Done()
+				a.runClusterDNS(ctx, restCfg, node, rt.podCIDR)
+			}()
+		}
+		if a.cfg.Proxy.Enabled {
+			p, err := proxy.New(proxy.Config{NodeName: a.cfg.Name, ID: hostID(a.cfg.Name, a.cfg.DataDir), DataDir: a.cfg.DataDir,
+				PodCIDR: a.cfg.PodCIDR, Client: a.client, Recorder: a.recorder, Logger: a.logger.Named("proxy"),
+				MinSyncInterval: a.cfg.Proxy.MinSyncInterval, FullSyncInterval: a.cfg.Proxy.FullSyncInterval})
+			if err != nil {
+				return fmt.Errorf("%w (or set agent.proxy.enabled = false)", err)
+			}
+			a.wg.Add(1) // waited for before the lock is released: a clean stop removes the service chains first
+			go func() {
+				defer a.wg.Done()
+				if err := p.Run(ctx); err != nil {
+					a.logger.Warn("service proxy", "error", err)
+				}
+			}()
+		}
 	}
 	if a.pool == nil {
 		go a.renewLeases(ctx)
@@ -419,6 +465,7 @@ func (a *Agent) registered(node *corev1.Node) {
 			rt.setPodCIDR(node.Name, node.Spec.PodCIDR)
 		}
 	case *containerdRuntime:
+		rt.dnsFacts = a.facts.podDNS
 		rt.attach(apiObjects{a.client}, a.recorder, func(pod *corev1.Pod, after time.Duration) {
 			a.kick(pod.Namespace+"/"+pod.Name, after)
 		}, node)

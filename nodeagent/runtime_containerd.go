@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/nodeagent/proxy"
 )
 
 // Labels on containerd containers. They are the agent's only record of what it runs: after a restart the
@@ -69,6 +70,7 @@ type containerdRuntime struct {
 	resync      func(pod *corev1.Pod, after time.Duration)
 	allocatable corev1.ResourceList
 	podCIDR     string
+	dnsFacts    func() clusterDNS // the cluster DNS for pods' resolv.conf (nil: not known)
 
 	probes       *probeManager
 	crashBackoff *restartBackoff
@@ -76,7 +78,7 @@ type containerdRuntime struct {
 
 	pauseMu sync.Mutex
 
-	// The pod egress masquerade chain (masquerade.go), under its own lock: iptables may wait for its lock.
+	// The pod egress masquerade chain (proxy/masquerade.go), under its own lock: iptables may wait for its lock.
 	masqMu      sync.Mutex
 	masqCIDRs   []string // every Node's pod CIDR, as setPodCIDRs last heard (nil until then)
 	masqApplied bool     // this run of the agent made sure of the chain (holding masqCIDRs once they are known)
@@ -190,7 +192,8 @@ func (r *containerdRuntime) syncMasqueradeLocked(ctx context.Context) error {
 	if !slices.Contains(exempt, r.podCIDR) { // agent.pod_cidr may differ from the Node's spec
 		exempt = append([]string{r.podCIDR}, exempt...)
 	}
-	err := syncMasquerade(ctx, masqueradeChain(r.cfg.Name, r.cfg.DataDir), r.podCIDR, exempt, r.masqCIDRs == nil)
+	id := hostID(r.cfg.Name, r.cfg.DataDir)
+	err := proxy.SyncMasquerade(ctx, proxy.MasqueradeChain(id), proxy.OwnerComment(id, r.cfg.DataDir), r.podCIDR, exempt, r.masqCIDRs == nil)
 	r.masqApplied = err == nil
 	return err
 }
@@ -863,7 +866,7 @@ func stopSignal(name string) syscall.Signal {
 const podCIDRFile = "pod-cidr"
 
 // Teardown removes everything an agent with this configuration runs on the host: every pod's containers,
-// sandbox, network namespace, IP and volumes, then the node's bridge and masquerade chain. It uses the
+// sandbox, network namespace, IP and volumes, then the node's bridge and iptables chains. It uses the
 // agent's containerd (a private one is started for the purpose and stopped after). `skiff agent -teardown`
 // runs it to decommission a node; tests run it so that a failed test leaves nothing behind.
 func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error {
@@ -888,7 +891,8 @@ func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error
 	if out, err := exec.CommandContext(ctx, "ip", "link", "del", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
 		errs = append(errs, fmt.Errorf("removing bridge %s: %v: %s", bridge, err, out))
 	}
-	errs = append(errs, removeMasquerade(ctx, masqueradeChain(cfg.Name, cfg.DataDir)))
+	// The masquerade chain and any service chains a killed agent left.
+	errs = append(errs, proxy.RemoveAll(ctx, proxy.Commands{}, hostID(cfg.Name, cfg.DataDir)))
 	// Mounts a killed containerd left behind under the data dir (its temporary unpack mounts, say).
 	errs = append(errs, unmountUnder(cfg.DataDir))
 	// The parent cgroups runc made for the containers' /skiff/<id> paths; rmdir removes only empty ones, so

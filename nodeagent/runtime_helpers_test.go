@@ -648,7 +648,7 @@ func TestWritePodDNSFiles(t *testing.T) {
 		{name: "DNSNone with dnsConfig", spec: corev1.PodSpec{DNSPolicy: corev1.DNSNone, DNSConfig: &corev1.PodDNSConfig{
 			Nameservers: []string{"1.1.1.1", "8.8.8.8"}, Searches: []string{"a.local", "b.local"},
 			Options: []corev1.PodDNSConfigOption{{Name: "ndots", Value: ptr("2")}, {Name: "edns0"}}}},
-			resolv: "nameserver 1.1.1.1\nnameserver 8.8.8.8\nsearch a.local b.local\noptions ndots:2\noptions edns0\n"},
+			resolv: "nameserver 1.1.1.1\nnameserver 8.8.8.8\nsearch a.local b.local\noptions ndots:2 edns0\n"},
 		{name: "DNSNone without dnsConfig", spec: corev1.PodSpec{DNSPolicy: corev1.DNSNone}},
 		{name: "hostNetwork", spec: corev1.PodSpec{HostNetwork: true}, hostsLacks: []string{"10.42.0.5"}, withHostResolv: true},
 		{name: "hostNetwork keeps the node's hosts", spec: corev1.PodSpec{HostNetwork: true}, withHostResolv: true},
@@ -657,7 +657,7 @@ func TestWritePodDNSFiles(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "pod")
 			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: "ns"}, Spec: tt.spec}
-			if err := writePodDNSFiles(dir, pod, "10.42.0.5", "web"); err != nil {
+			if err := writePodDNSFiles(dir, pod, "10.42.0.5", "web", clusterDNS{}); err != nil {
 				t.Fatal(err)
 			}
 			read := func(name string) string {
@@ -697,7 +697,7 @@ func TestWritePodDNSFiles(t *testing.T) {
 			}
 			want := tt.resolv
 			if tt.withHostResolv {
-				want = string(hostResolv) + want
+				want = parseResolvConf(hostResolv).String() + want
 			}
 			if got := read("etc-resolv.conf"); got != want {
 				t.Errorf("resolv.conf:\n%s\nwant:\n%s", got, want)

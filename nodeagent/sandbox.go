@@ -116,7 +116,7 @@ func (r *containerdRuntime) startSandbox(ctx context.Context, pod *corev1.Pod, c
 	if _, err := ctr.SetLabels(ctx, map[string]string{labelIP: sb.ip}); err != nil {
 		return nil, err
 	}
-	if err := writePodDNSFiles(r.podDir(pod), pod, sb.ip, hostname); err != nil {
+	if err := writePodDNSFiles(r.podDir(pod), pod, sb.ip, hostname, r.clusterDNS()); err != nil {
 		return nil, err
 	}
 	return sb, nil
@@ -187,9 +187,9 @@ func podHostname(pod *corev1.Pod) string {
 }
 
 // writePodDNSFiles writes the files every container of the pod mounts: /etc/hosts with the pod's own name and
-// hostAliases, /etc/hostname, and /etc/resolv.conf by dnsPolicy. Without a cluster DNS service, ClusterFirst
-// falls back to the host's resolver, as the kubelet does when it has no clusterDNS.
-func writePodDNSFiles(dir string, pod *corev1.Pod, ip, hostname string) error {
+// hostAliases, /etc/hostname, and /etc/resolv.conf by dnsPolicy and dnsConfig (see podResolvConf). cluster
+// is the cluster DNS as the agent knows it now; zero when it does not know it yet.
+func writePodDNSFiles(dir string, pod *corev1.Pod, ip, hostname string, cluster clusterDNS) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -206,34 +206,20 @@ func writePodDNSFiles(dir string, pod *corev1.Pod, ip, hostname string) error {
 		hosts.WriteString("# Kubernetes-managed hosts file.\n127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
 		fqdn := hostname
 		if pod.Spec.Subdomain != "" {
-			fqdn = fmt.Sprintf("%s.%s.%s.svc.cluster.local\t%s", hostname, pod.Spec.Subdomain, pod.Namespace, hostname)
+			domain := cluster.Domain
+			if domain == "" {
+				domain = "cluster.local" // the servers' default, until the agent hears otherwise
+			}
+			fqdn = fmt.Sprintf("%s.%s.%s.svc.%s\t%s", hostname, pod.Spec.Subdomain, pod.Namespace, domain, hostname)
 		}
 		fmt.Fprintf(&hosts, "%s\t%s\n", ip, fqdn)
 	}
 	for _, alias := range pod.Spec.HostAliases {
 		fmt.Fprintf(&hosts, "%s\t%s\n", alias.IP, strings.Join(alias.Hostnames, "\t"))
 	}
-	var resolv strings.Builder
-	if pod.Spec.DNSPolicy != corev1.DNSNone {
-		host, _ := os.ReadFile("/etc/resolv.conf")
-		resolv.Write(host)
-	}
-	if cfg := pod.Spec.DNSConfig; cfg != nil {
-		for _, ns := range cfg.Nameservers {
-			fmt.Fprintf(&resolv, "nameserver %s\n", ns)
-		}
-		if len(cfg.Searches) > 0 {
-			fmt.Fprintf(&resolv, "search %s\n", strings.Join(cfg.Searches, " "))
-		}
-		for _, o := range cfg.Options {
-			if o.Value != nil {
-				fmt.Fprintf(&resolv, "options %s:%s\n", o.Name, *o.Value)
-			} else {
-				fmt.Fprintf(&resolv, "options %s\n", o.Name)
-			}
-		}
-	}
-	for name, content := range map[string]string{"etc-hosts": hosts.String(), "etc-hostname": hostname + "\n", "etc-resolv.conf": resolv.String()} {
+	host, _ := os.ReadFile(hostResolvConfPath)
+	resolv := podResolvConf(pod, parseResolvConf(host), cluster).String()
+	for name, content := range map[string]string{"etc-hosts": hosts.String(), "etc-hostname": hostname + "\n", "etc-resolv.conf": resolv} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
 			return err
 		}

@@ -4,7 +4,7 @@ set -euo pipefail
 
 # Debian packages: the container runtime, networking and registry pieces the node agent and its tests use,
 # and etcd-server, which the benchmarks run beside Skiff for comparison.
-packages=(containerd runc iptables containernetworking-plugins busybox-static docker-registry etcd-server iproute2 curl ca-certificates)
+packages=(containerd runc iptables conntrack containernetworking-plugins busybox-static docker-registry etcd-server iproute2 curl ca-certificates)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -1,19 +1,16 @@
-package nodeagent
+package proxy
 
 import (
 	"context"
-	"fmt"
-	"math/rand/v2"
-	"os"
-	"os/exec"
 	"strings"
 	"testing"
 )
 
 func TestMasqueradeRules(t *testing.T) {
-	got := masqueradeRules("SKIFF-MASQ-0000abcd", []string{"10.244.0.0/24", "10.244.1.0/24"})
+	got := masqueradeRules("SKIFF-MASQ-0000abcd", "skiff:0000abcd:/d", []string{"10.244.0.0/24", "10.244.1.0/24"})
 	want := `*nat
 :SKIFF-MASQ-0000abcd - [0:0]
+-A SKIFF-MASQ-0000abcd -m comment --comment "skiff:0000abcd:/d"
 -A SKIFF-MASQ-0000abcd -d 10.244.0.0/24 -j RETURN
 -A SKIFF-MASQ-0000abcd -d 10.244.1.0/24 -j RETURN
 -A SKIFF-MASQ-0000abcd -d 224.0.0.0/4 -j RETURN
@@ -23,34 +20,19 @@ COMMIT
 	if got != want {
 		t.Fatalf("rules:\n%s\nwant:\n%s", got, want)
 	}
-	if c := masqueradeChain("node-1", "/var/lib/skiff"); len(c) > 28 || !strings.HasPrefix(c, "SKIFF-MASQ-") || c != masqueradeChain("node-1", "/var/lib/skiff") {
+	if c := MasqueradeChain("0000abcd"); len(c) > maxChainLen || chainOwnerID(c) != "0000abcd" {
 		t.Fatalf("chain name %q", c)
 	}
 }
 
-// The chain and its POSTROUTING jump on the real iptables, with a uniquely named chain and a documentation
-// CIDR (TEST-NET-2), removed even when the test fails.
+// The chain and its POSTROUTING jump on the real iptables, in a throwaway namespace.
 func TestSyncAndRemoveMasquerade(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for iptables")
-	}
-	if _, err := exec.LookPath("iptables-restore"); err != nil {
-		t.Skip("iptables not installed (make setup installs it)")
-	}
+	ns := newTestNetns(t)
 	ctx := context.Background()
-	chain := fmt.Sprintf("SKIFF-MASQ-t%07x", rand.IntN(1<<28))
-	t.Cleanup(func() {
-		if err := removeMasquerade(ctx, chain); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
+	chain, owner := MasqueradeChain("0000abcd"), OwnerComment("0000abcd", t.TempDir())
 	nat := func() string {
-		out, err := exec.Command("iptables-save", "-t", "nat").Output()
-		if err != nil {
-			t.Fatal(err)
-		}
 		var mine []string
-		for _, line := range strings.Split(string(out), "\n") {
+		for _, line := range strings.Split(ns.exec(t, "iptables-save", "-t", "nat"), "\n") {
 			if strings.Contains(line, chain) {
 				mine = append(mine, line)
 			}
@@ -60,7 +42,7 @@ func TestSyncAndRemoveMasquerade(t *testing.T) {
 	for _, cidrs := range [][]string{{"198.51.100.0/24"}, {"198.51.100.0/24", "198.51.101.0/24"}} {
 		// Twice each: the sync is idempotent, one jump and one copy of each rule.
 		for range 2 {
-			if err := syncMasquerade(ctx, chain, "198.51.100.0/24", cidrs, false); err != nil {
+			if err := syncMasquerade(ctx, ns.cmds, chain, owner, "198.51.100.0/24", cidrs, false); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -79,19 +61,18 @@ func TestSyncAndRemoveMasquerade(t *testing.T) {
 	}
 	// keepExisting (a restarted agent before it knows the Nodes) leaves the exemptions alone.
 	before := nat()
-	if err := syncMasquerade(ctx, chain, "198.51.100.0/24", []string{"198.51.100.0/24"}, true); err != nil {
+	if err := syncMasquerade(ctx, ns.cmds, chain, owner, "198.51.100.0/24", []string{"198.51.100.0/24"}, true); err != nil {
 		t.Fatal(err)
 	}
 	if got := nat(); got != before {
 		t.Fatalf("keepExisting changed the chain:\n%s\nwas:\n%s", got, before)
 	}
-	if err := removeMasquerade(ctx, chain); err != nil {
-		t.Fatal(err)
+	for range 2 { // idempotent
+		if err := RemoveAll(ctx, ns.cmds, "0000abcd"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if got := nat(); got != "" {
 		t.Fatalf("left after removal:\n%s", got)
-	}
-	if err := removeMasquerade(ctx, chain); err != nil {
-		t.Fatalf("second removal: %v", err)
 	}
 }
