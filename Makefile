@@ -36,6 +36,8 @@ smoke:
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'PodStartup' -benchtime 1x -timeout 10m ./bench/ -args -startup.pods=5
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NodeDetection' -benchtime 1x -timeout 10m ./bench/ -args -detect.trials=2 -detect.nodes=50
 	$(GO) test -count=1 -run '^$$' -bench 'GossipConvergence' -benchtime 2x -timeout 10m ./gossip/ -args -gossip.members=10
+	$(GO) test -count=1 -run '^$$' -bench 'BuildRules|Sync|RestoreOnly' -benchtime 1x -timeout 10m ./nodeagent/proxy/ -args -proxy.services=100
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NetworkProgramming|ClusterDNS' -benchtime 1x -timeout 10m ./bench/ -args -netprog.pods=6 -dns.queries=2000
 
 # Full benchmarks; docs/BENCHMARKS.md records their figures and these commands.
 bench: setup build
@@ -48,6 +50,8 @@ bench: setup build
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'PodStartup' -benchtime 1x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NodeDetection' -benchtime 1x -timeout 30m ./bench/
 	$(GO) test -count=1 -run '^$$' -bench 'GossipConvergence' -benchtime 10x -timeout 30m ./gossip/
+	$(GO) test -count=1 -run '^$$' -bench 'BuildRules|Sync|RestoreOnly' -benchtime 3x -timeout 30m ./nodeagent/proxy/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NetworkProgramming|ClusterDNS' -benchtime 1x -timeout 30m ./bench/
 
 # Longer fault suites: many chaos rounds and many randomized bootstrap start orders.
 chaos: setup build
