@@ -284,8 +284,9 @@ func serviceEventHandler(q *serviceQueue) cache.ResourceEventHandler {
 
 // podEventHandler queues the Services a pod change concerns: those selecting the pod, before and after a
 // label change. Which changes matter (readiness, IPs, deletion, labels, hostname) is the endpointslice
-// library's judgement, the one Kubernetes' controllers use. A change that takes an endpoint out of service
-// is queued at once, any other is paced by the queue's interval.
+// library's judgement, the one Kubernetes' controllers use. A change of who serves (an endpoint leaving
+// service, or a pod turning Ready) is queued at once; any other (a new pod that is not ready yet, its IP, a
+// label) is paced by the queue's interval.
 func podEventHandler(services corelisters.ServiceLister, q *serviceQueue) cache.ResourceEventHandler {
 	queue := func(oldObj, newObj any, urgent bool) {
 		keys, err := endpointsliceutil.GetServicesToUpdate(services, endpointsliceutil.GetPodUpdateProjectionKey(oldObj, newObj))
@@ -306,14 +307,15 @@ func podEventHandler(services corelisters.ServiceLister, q *serviceQueue) cache.
 			pod, ok := obj.(*corev1.Pod)
 			queue(nil, obj, ok && pod.DeletionTimestamp != nil)
 		},
-		UpdateFunc: func(oldObj, newObj any) { queue(oldObj, newObj, leavesService(oldObj, newObj)) },
+		UpdateFunc: func(oldObj, newObj any) { queue(oldObj, newObj, changesServing(oldObj, newObj)) },
 		DeleteFunc: func(obj any) { queue(obj, nil, true) },
 	}
 }
 
-// leavesService reports whether a pod update takes its endpoint out of service: its deletion began (the
-// endpoint turns terminating and stops being ready), it lost readiness, or it finished.
-func leavesService(oldObj, newObj any) bool {
+// changesServing reports whether a pod update changes whether its endpoint serves: its deletion began (the
+// endpoint turns terminating and stops being ready), its readiness changed either way, or it finished.
+// Traffic must stop at once in the first cases; a Ready pod is capacity a rollout waits for.
+func changesServing(oldObj, newObj any) bool {
 	old, ok := oldObj.(*corev1.Pod)
 	if !ok {
 		return false
@@ -326,7 +328,7 @@ func leavesService(oldObj, newObj any) bool {
 		return p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed
 	}
 	return (old.DeletionTimestamp == nil && cur.DeletionTimestamp != nil) ||
-		(endpointsliceutil.IsPodReady(old) && !endpointsliceutil.IsPodReady(cur)) ||
+		endpointsliceutil.IsPodReady(old) != endpointsliceutil.IsPodReady(cur) ||
 		(!finished(old) && finished(cur))
 }
 

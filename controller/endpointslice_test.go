@@ -303,7 +303,8 @@ func TestEndpointSliceConditions(t *testing.T) {
 }
 
 // A pod whose deletion begins turns terminating (and not ready) in the next sync, and that sync is queued
-// at once even right after another sync, while ordinary churn waits for the interval.
+// at once even right after another sync, as it is for a pod losing or gaining readiness, while ordinary
+// churn waits for the interval.
 func TestEndpointSliceTerminatingIsImmediate(t *testing.T) {
 	h := newEndpointHarness(t, webService("web"), zoneNode("node-a", "z"), webPod(1), webPod(2))
 	if err := h.syncSlices(t, "web"); err != nil {
@@ -343,6 +344,11 @@ func TestEndpointSliceTerminatingIsImmediate(t *testing.T) {
 
 	// Readiness lost: at once too.
 	h.apply(t, webPod(2, notReady))
+	eventually(t, "the Service to be queued", func() bool { return q.queue.Len() == 1 })
+	drain()
+
+	// Readiness gained: at once as well (a rollout waits for that capacity).
+	h.apply(t, webPod(2))
 	eventually(t, "the Service to be queued", func() bool { return q.queue.Len() == 1 })
 }
 

@@ -65,6 +65,7 @@ type Proxy struct {
 	udpServed   map[udpDest]bool
 	reported    map[string]bool // problems already reported as events
 	noConntrack bool
+	restores    int // restores attempted: the sync loop paces only syncs that wrote
 }
 
 // New checks iptables and what the kernel supports. It changes no rule.
@@ -175,7 +176,7 @@ func (p *Proxy) loop(ctx context.Context) {
 		case <-p.kick:
 		case <-full.C:
 			// Rewriting every chain costs seconds at thousands of endpoints (iptables-nft restores about
-			// 0.3 MB/s here), so the periodic sync rewrites everything only when a chain of the agent's went
+			// 0.6 MB/s here: docs/BENCHMARKS.md), so the periodic sync rewrites everything only when a chain of the agent's went
 			// missing; the jumps are checked every time.
 			p.jumpsOK = false
 			if missing, err := p.chainsMissing(ctx); err != nil || missing {
@@ -195,8 +196,13 @@ func (p *Proxy) loop(ctx context.Context) {
 		case <-p.kick:
 		default:
 		}
-		last = time.Now()
+		// Only a sync that wrote counts for the pacing: one that found nothing to change (a new endpoint
+		// that is not ready yet, say) must not hold back the change that follows (that pod turning Ready).
+		start, restores := time.Now(), p.restores
 		err := p.Sync(ctx, wantFull)
+		if p.restores != restores {
+			last = start
+		}
 		if err == nil {
 			failures, retry, wantFull = 0, nil, false
 			continue
@@ -235,6 +241,7 @@ func (p *Proxy) Sync(ctx context.Context, full bool) error {
 	if !full && p.jumpsOK && bytes.Equal(rs.Restore, p.lastRules) {
 		return nil
 	}
+	p.restores++
 	if err := p.cfg.Commands.restore(ctx, rs.Restore); err != nil {
 		p.existing, p.lastRules, p.portHash, p.jumpsOK = nil, nil, nil, false
 		return err
