@@ -110,8 +110,9 @@ func (c serviceCluster) webPods() (ips, nodes map[string]string) {
 // service proxy's iptables and the agents' DNS), from client pods on both agents, with the stock kubectl:
 // ClusterIP by every DNS form, NodePort (externalTrafficPolicy Local keeps the source), scaling to zero
 // (refused at once) and back, readiness and termination leaving the endpoints, a rolling restart under load
-// with no failed request, headless, SRV, PTR and ExternalName records, an established flow through a kill -9
-// and restart of its agent, routing and DNS through a kill -9 of the Raft leader, and nothing left behind.
+// with no failed request, headless, SRV, PTR and ExternalName records, an established flow and name
+// resolution through a kill -9 and restart of the agent, routing and DNS through a kill -9 of the Raft
+// leader, and nothing left behind.
 func TestLocalServices(t *testing.T) {
 	requireRealRuntime(t)
 	before, _ := exec.Command("iptables-save").Output()
@@ -268,6 +269,23 @@ spec:
 	if s := c.fetch("client-1", "http://self/", 5); s.OK != 5 || s.Backends["client-1"] != 5 {
 		t.Fatalf("client-1 through its own Service: %+v", s)
 	}
+	// The README's line: busybox's nc reaches the Service by name through the cluster DNS.
+	applyYAML(t, k, `apiVersion: v1
+kind: Pod
+metadata: {name: readme-client, namespace: svc}
+spec:
+  restartPolicy: Never
+  containers:
+  - name: c
+    image: skiff.local/busybox:1
+    command: ["sh", "-c", "printf 'GET / HTTP/1.0\\r\\n\\r\\n' | nc -w 3 web 80 | grep -q hostname=web-"]
+`)
+	proctest.WaitFor(t, "readme-client Completed", 60*time.Second, func() error {
+		if s := k.podStatusColumn("readme-client"); s != "Completed" {
+			return fmt.Errorf("STATUS %s", s)
+		}
+		return nil
+	})
 	mustContain(t, "kubectl get endpointslices", k.ok("get", "endpointslices", "-l", "kubernetes.io/service-name=web"), "IPv4", "8080")
 	mustContain(t, "kubectl describe svc", k.ok("describe", "svc", "web"), "Endpoints:", ":8080", "TargetPort:")
 
@@ -412,14 +430,25 @@ spec:
 	// kill -9 and restart of an agent: a flow it carries through the ClusterIP keeps working.
 	c.pod("client-2", "/load/start?rate=10&keepalive=1&url=http://"+clusterIP+"/", nil)
 	time.Sleep(time.Second)
+	dnsPID := func() string {
+		return strings.TrimSpace(readFile(t, filepath.Join(dir, "agent-2", "data", "dns", "pid")))
+	}
+	pid := dnsPID()
 	if err := st.Kill("agent-2"); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(2 * time.Second)
+	// The node's DNS lives in a process of its own: names resolve while the agent is down.
+	if got, errMsg := c.resolve("client-2", "A", "web-np.svc.svc.cluster.local"); errMsg != "" || len(got) != 1 {
+		t.Fatalf("client-2 resolving with its agent killed: %v %s", got, errMsg)
+	}
+	time.Sleep(time.Second)
 	if err := st.Start(dir, "agent-2"); err != nil {
 		t.Fatal(err)
 	}
 	k.waitNodeHealth("agent-2", "True/", 60*time.Second)
+	if again := dnsPID(); again != pid {
+		t.Fatalf("the restarted agent replaced its node's DNS process (pid %s, was %s) instead of adopting it", again, pid)
+	}
 	time.Sleep(3 * time.Second)
 	c.pod("client-2", "/load/stop", &load)
 	if load.Failed != 0 || load.NewConns != 1 || load.OK < 30 {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -156,12 +157,18 @@ func ensureBridge(ctx context.Context, bridge string, gw net.IP, ipn *net.IPNet)
 	return run("link", "set", bridge, "up")
 }
 
-// runClusterDNS serves the cluster DNS on this node until ctx ends:
+// dnsDir is where the node's DNS process keeps its files (see nodeagent/dns/child.go).
+func dnsDir(cfg *config.Agent) string { return filepath.Join(cfg.DataDir, "dns") }
+
+// runClusterDNS keeps the cluster DNS on this node until ctx ends:
 //  1. wait for the cluster facts (the domain is part of the Corefile);
 //  2. make sure of the pod bridge and its gateway address, where CoreDNS listens;
-//  3. start the API forwarder and write CoreDNS's kubeconfig;
-//  4. start CoreDNS, advertise it in the node's kube-dns EndpointSlice, ready once it answers;
-//  5. recheck every 30 s (readiness, the slice itself); restart CoreDNS when the facts change.
+//  3. make sure the node's DNS process serves the Corefile for the facts (adopting the one a previous run of
+//     the agent started, which kept answering meanwhile), with the API servers the agent knows now;
+//  4. advertise it in the node's kube-dns EndpointSlice, ready once it answers;
+//  5. recheck every 30 s (readiness, the slice itself, the servers); replace the process when the facts change.
+//
+// When ctx ends the process is left running, as the pods are: it stops only at teardown.
 func (a *Agent) runClusterDNS(ctx context.Context, restCfg *rest.Config, node *corev1.Node, podCIDR string) {
 	logger := a.logger.Named("dns")
 	gw, ipn, err := gatewayAddr(podCIDR)
@@ -169,48 +176,32 @@ func (a *Agent) runClusterDNS(ctx context.Context, restCfg *rest.Config, node *c
 		logger.Error("no cluster DNS on this node", "error", err)
 		return
 	}
-	fwd, err := dns.NewForwarder(a.serverAddrs)
+	binary, err := os.Executable()
 	if err != nil {
-		logger.Error("no cluster DNS on this node", "error", err)
+		logger.Error("no cluster DNS on this node: finding the agent's binary", "error", err)
 		return
 	}
-	fwdDone := make(chan struct{})
-	go func() { fwd.Serve(ctx); close(fwdDone) }()
-	defer func() { <-fwdDone }()
-	kubeconfig := filepath.Join(a.cfg.DataDir, "dns", "kubeconfig")
-	if err := dns.WriteKubeconfig(kubeconfig, fwd.Addr(), restCfg.TLSClientConfig.CAData, restCfg.BearerToken); err != nil {
-		logger.Error("no cluster DNS on this node", "error", err)
-		return
-	}
-	var srv *dns.Server
-	defer func() {
-		if srv != nil {
-			if err := srv.Stop(); err != nil {
-				logger.Warn("stopping CoreDNS", "error", err)
-			}
-		}
-	}()
-	var running dns.Facts
-	ready, advertised := false, false
+	addr := net.JoinHostPort(gw.String(), "53")
+	serving, ready, advertised := false, false, false
 	failures := 0
 	for {
 		facts, known, changed := a.facts.get()
-		if known && (srv == nil || facts != running) {
-			if srv != nil {
-				_ = srv.Stop()
-				srv = nil
-			}
-			srv, err = a.startCoreDNS(ctx, facts, gw, ipn, kubeconfig)
-			if err != nil {
+		if known {
+			started, err := a.ensureNodeDNS(ctx, binary, facts, gw, ipn, restCfg)
+			switch {
+			case err != nil:
 				failures++
-				logger.Error("starting CoreDNS", "error", err)
-			} else {
-				failures, running = 0, facts
-				logger.Info("CoreDNS serving", "address", net.JoinHostPort(gw.String(), "53"), "domain", facts.ClusterDomain)
+				serving = false
+				logger.Error("running the node's DNS", "error", err)
+			case started:
+				failures, serving = 0, true
+				logger.Info("node DNS started", "address", addr, "domain", facts.ClusterDomain)
+			default:
+				failures, serving = 0, true
 			}
 		}
-		if srv != nil {
-			now := answers(ctx, net.JoinHostPort(gw.String(), "53"), running.ClusterDomain)
+		if serving {
+			now := answers(ctx, addr, facts.ClusterDomain)
 			if now != ready || !advertised {
 				if err := dns.ApplySlice(ctx, a.client, dns.Slice(node, gw.String(), now)); err != nil {
 					logger.Warn("advertising the node's DNS", "error", err)
@@ -220,9 +211,9 @@ func (a *Agent) runClusterDNS(ctx context.Context, restCfg *rest.Config, node *c
 			}
 		}
 		next := 30 * time.Second
-		if srv == nil && known {
+		if !serving && known {
 			next = min(time.Second<<min(failures, 5), 30*time.Second)
-		} else if srv != nil && !ready {
+		} else if serving && !ready {
 			next = time.Second
 		}
 		select {
@@ -235,22 +226,23 @@ func (a *Agent) runClusterDNS(ctx context.Context, restCfg *rest.Config, node *c
 	}
 }
 
-// startCoreDNS renders the Corefile for the facts and starts CoreDNS on the gateway address.
-func (a *Agent) startCoreDNS(ctx context.Context, facts dns.Facts, gw net.IP, ipn *net.IPNet, kubeconfig string) (*dns.Server, error) {
+// ensureNodeDNS renders the Corefile for the facts and has the node's DNS process serve it.
+func (a *Agent) ensureNodeDNS(ctx context.Context, binary string, facts dns.Facts, gw net.IP, ipn *net.IPNet, restCfg *rest.Config) (bool, error) {
 	if err := ensureBridge(ctx, bridgeName(a.cfg.Name, a.cfg.DataDir), gw, ipn); err != nil {
-		return nil, err
+		return false, err
 	}
 	tmpl := dns.DefaultCorefile
 	if a.cfg.DNS.Corefile != "" {
 		tmpl = a.cfg.DNS.Corefile
 	}
-	corefile, err := dns.Render(tmpl, dns.Params{ClusterDomain: facts.ClusterDomain, Bind: gw.String(), Port: 53, Kubeconfig: kubeconfig,
+	dir := dnsDir(a.cfg)
+	corefile, err := dns.Render(tmpl, dns.Params{ClusterDomain: facts.ClusterDomain, Bind: gw.String(), Port: 53, Kubeconfig: dns.KubeconfigPath(dir),
 		HealthAddr: net.JoinHostPort(gw.String(), "8080"), MetricsAddr: net.JoinHostPort(gw.String(), "9153"), Upstream: hostResolvConfPath})
 	if err != nil {
-		return nil, corefileError(a.cfg, err)
+		return false, corefileError(a.cfg, err)
 	}
-	srv, err := dns.Start(corefile, a.logger.Named("k8s"))
-	return srv, corefileError(a.cfg, err)
+	spec := dns.Spec{Corefile: corefile, Servers: a.serverAddrs(), CA: restCfg.TLSClientConfig.CAData, Token: restCfg.BearerToken}
+	return dns.EnsureChild(dir, binary, spec, a.logger.Named("dns"))
 }
 
 // answers tells whether CoreDNS at addr answers a query for the cluster domain's SOA (any well-formed

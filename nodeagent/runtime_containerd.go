@@ -27,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/nodeagent/dns"
 	"github.com/skiff-dev/skiff/nodeagent/proxy"
 )
 
@@ -891,6 +892,8 @@ func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error
 	if out, err := exec.CommandContext(ctx, "ip", "link", "del", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
 		errs = append(errs, fmt.Errorf("removing bridge %s: %v: %s", bridge, err, out))
 	}
+	// The node's DNS process, which outlives agent restarts.
+	errs = append(errs, dns.StopChild(dnsDir(cfg)))
 	// The masquerade chain and any service chains a killed agent left.
 	errs = append(errs, proxy.RemoveAll(ctx, proxy.Commands{}, hostID(cfg.Name, cfg.DataDir)))
 	// Mounts a killed containerd left behind under the data dir (its temporary unpack mounts, say).

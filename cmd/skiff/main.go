@@ -6,6 +6,8 @@ import (
 	"os"
 	"sort"
 	"strings"
+
+	"github.com/skiff-dev/skiff/nodeagent/dns"
 )
 
 // version is set by the build (-ldflags "-X main.version=...").
@@ -38,6 +40,8 @@ func usage() {
 }
 
 func main() {
+	// The node's DNS process is this binary started by an agent (nodeagent/dns): it has no command line.
+	dns.RunChildIfAsked()
 	if len(os.Args) < 2 || strings.HasPrefix(os.Args[1], "-") {
 		usage()
 		os.Exit(2)

@@ -143,6 +143,7 @@ const helperEnv = "SKIFF_DNS_TEST_COREFILE"
 // process: its kubernetes plugin repoints klog, process-wide and without synchronization, which the race
 // detector would report against the in-process server's klog calls.
 func TestMain(m *testing.M) {
+	RunChildIfAsked() // the node DNS process of TestNodeDNSProcessOutlivesItsStarter
 	if path := os.Getenv(helperEnv); path != "" {
 		os.Exit(serveCorefile(path))
 	}

@@ -7,9 +7,13 @@
 // (an EndpointSlice per node, see [Slice]); with internalTrafficPolicy Local the service proxy sends each
 // pod's queries to its own node.
 //
-// What it owns: rendering and checking the Corefile, starting and stopping CoreDNS, the local TCP forwarder
-// that gives CoreDNS's client-go the agent's server failover, the kubeconfig CoreDNS reads, the cluster
-// facts ConfigMap's format, and the node's kube-dns EndpointSlice object. It does not create network
+// CoreDNS runs in a process of its own (child.go), the agent's binary started with EnvChild set, so that it
+// outlives agent restarts as the pods do; a restarted agent adopts it.
+//
+// What it owns: rendering and checking the Corefile, the node's DNS process (starting, adopting, stopping it)
+// and CoreDNS inside it, the local TCP forwarder that gives CoreDNS's client-go failover across the servers,
+// the kubeconfig CoreDNS reads, the cluster facts ConfigMap's format, and the node's kube-dns EndpointSlice
+// object. It does not create network
 // devices or talk to containerd: the agent (nodeagent) does that and calls in here.
 //
 // CoreDNS keeps process-wide state (the directive list, caddy's registries, Prometheus collectors). The

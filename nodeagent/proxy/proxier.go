@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -58,7 +57,7 @@ type Proxy struct {
 	// Bookkeeping of the last successful sync; dropped on failure, so the next sync starts from what
 	// iptables-save says.
 	existing    map[string][]string
-	lastRules   []byte
+	fingerprint string            // Ruleset.Fingerprint of the last successful restore
 	portHash    map[string]string // Ruleset.PortHashes of the last successful restore
 	jumpsOK     bool
 	udp         map[udpFlow]bool
@@ -160,12 +159,14 @@ func (p *Proxy) requestSync() {
 	}
 }
 
-// loop runs a sync when asked, at most once per MinSyncInterval; a full one every FullSyncInterval; and
-// after a failure, again after a backoff that doubles from MinSyncInterval to a minute.
+// loop runs a sync when asked, writing at most once per MinSyncInterval on average (with a burst of two, as
+// kube-proxy's BoundedFrequencyRunner allows, so that an isolated change right after another is not held
+// back); a full one every FullSyncInterval; and after a failure, again after a backoff that doubles from
+// MinSyncInterval to a minute.
 func (p *Proxy) loop(ctx context.Context) {
 	full := time.NewTicker(p.cfg.FullSyncInterval)
 	defer full.Stop()
-	var last time.Time
+	writes := newWriteBucket(p.cfg.MinSyncInterval, time.Now())
 	failures := 0
 	var retry <-chan time.Time
 	wantFull := true
@@ -185,7 +186,7 @@ func (p *Proxy) loop(ctx context.Context) {
 		case <-retry:
 			wantFull = true
 		}
-		if wait := time.Until(last.Add(p.cfg.MinSyncInterval)); wait > 0 {
+		if wait := writes.wait(time.Now()); wait > 0 {
 			select {
 			case <-ctx.Done():
 				return
@@ -201,7 +202,7 @@ func (p *Proxy) loop(ctx context.Context) {
 		start, restores := time.Now(), p.restores
 		err := p.Sync(ctx, wantFull)
 		if p.restores != restores {
-			last = start
+			writes.take(start)
 		}
 		if err == nil {
 			failures, retry, wantFull = 0, nil, false
@@ -222,7 +223,7 @@ func (p *Proxy) loop(ctx context.Context) {
 //  1. Read Services, slices and the Node; on a full sync (and the first), also which of the agent's chains
 //     iptables has, so that chains of Services deleted meanwhile go too.
 //  2. Build the rule set, leaving out the chains of service ports unchanged since the last sync (not on a full
-//     sync); skip the restore when it equals the last one written.
+//     sync); skip the restore when it leads to the rules the last one left (same fingerprint).
 //  3. Restore it in one transaction; make sure of the jumps from the built-in chains.
 //  4. Report new problems as events, and flush conntrack entries of UDP endpoints that went away.
 func (p *Proxy) Sync(ctx context.Context, full bool) error {
@@ -238,16 +239,16 @@ func (p *Proxy) Sync(ctx context.Context, full bool) error {
 		facts.Existing, facts.Previous = p.existing, p.portHash
 	}
 	rs := BuildRules(services, slices, facts)
-	if !full && p.jumpsOK && bytes.Equal(rs.Restore, p.lastRules) {
+	if !full && p.jumpsOK && rs.Fingerprint == p.fingerprint {
 		return nil
 	}
 	p.restores++
 	if err := p.cfg.Commands.restore(ctx, rs.Restore); err != nil {
-		p.existing, p.lastRules, p.portHash, p.jumpsOK = nil, nil, nil, false
+		p.existing, p.fingerprint, p.portHash, p.jumpsOK = nil, "", nil, false
 		return err
 	}
 	first := p.udp == nil
-	p.existing, p.lastRules, p.portHash = rs.Chains, rs.Restore, rs.PortHashes
+	p.existing, p.fingerprint, p.portHash = rs.Chains, rs.Fingerprint, rs.PortHashes
 	if full || !p.jumpsOK {
 		if err := ensureJumps(p.ipt, p.names, p.owner); err != nil {
 			p.jumpsOK = false
@@ -406,4 +407,38 @@ func (d udpDest) args() []string {
 		return []string{"--orig-dst", d.ip}
 	}
 	return []string{"--orig-port-dst", fmt.Sprint(d.nodePort)}
+}
+
+// writeBucket paces restores: a token bucket of writeBurst tokens that refills one per interval.
+type writeBucket struct {
+	interval time.Duration
+	tokens   float64
+	at       time.Time // when tokens was last brought up to date
+}
+
+// writeBurst is how many restores may follow each other without waiting, as kube-proxy's burstSyncs.
+const writeBurst = 2
+
+func newWriteBucket(interval time.Duration, now time.Time) *writeBucket {
+	return &writeBucket{interval: interval, tokens: writeBurst, at: now}
+}
+
+func (b *writeBucket) refill(now time.Time) {
+	b.tokens = min(writeBurst, b.tokens+float64(now.Sub(b.at))/float64(b.interval))
+	b.at = now
+}
+
+// wait is how long to wait before the next restore.
+func (b *writeBucket) wait(now time.Time) time.Duration {
+	b.refill(now)
+	if b.tokens >= 1 {
+		return 0
+	}
+	return time.Duration((1 - b.tokens) * float64(b.interval))
+}
+
+// take spends a token on a restore that started at now.
+func (b *writeBucket) take(now time.Time) {
+	b.refill(now)
+	b.tokens--
 }

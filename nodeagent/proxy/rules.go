@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/sha256"
 	"fmt"
+	"hash"
 	"net"
 	"sort"
 	"strings"
@@ -46,6 +47,10 @@ type Ruleset struct {
 	UDPServed map[udpDest]bool
 	// PortHashes fingerprint each service port's own chains, for the next sync's Previous.
 	PortHashes map[string]string
+	// Fingerprint identifies the whole rule set the restore leads to (shared chains, every service port's
+	// chains, deletions), whichever part of it Restore writes: two syncs with the same fingerprint leave
+	// iptables the same, so the second need not restore anything.
+	Fingerprint string
 	// ServicePorts and Endpoints count what was programmed; Written counts the service ports written.
 	ServicePorts, Endpoints, Written int
 }
@@ -115,6 +120,7 @@ func BuildRules(services []*corev1.Service, slices []*discoveryv1.EndpointSlice,
 	}
 	nat.rule(n.postrouting, masq)
 
+	whole := sha256.New()
 	for _, sp := range ports {
 		rs.ServicePorts++
 		own := newTableWriter("nat")
@@ -122,6 +128,7 @@ func BuildRules(services []*corev1.Service, slices []*discoveryv1.EndpointSlice,
 		sum := sha256.Sum256([]byte(own.chains.String() + own.rules.String()))
 		hash := string(sum[:])
 		rs.PortHashes[sp.name] = hash
+		whole.Write([]byte(sp.name + "\x00" + hash))
 		if node.Previous != nil && node.Previous[sp.name] == hash {
 			nat.keep(own.declared) // in place already, as this sync would write them
 			continue
@@ -134,7 +141,9 @@ func BuildRules(services []*corev1.Service, slices []*discoveryv1.EndpointSlice,
 	for _, t := range []*tableWriter{filter, nat} {
 		t.deleteStale(node.Existing[t.name])
 		rs.Chains[t.name] = t.declared
+		whole.Write(t.digest.Sum(nil))
 	}
+	rs.Fingerprint = string(whole.Sum(nil))
 	var b strings.Builder
 	b.Grow(filter.size() + nat.size())
 	filter.writeTo(&b)
@@ -365,10 +374,13 @@ type tableWriter struct {
 	deletions strings.Builder
 	declared  []string
 	seen      map[string]bool
+	// digest covers what is written to this writer directly (shared chains and rules, deletions), not what
+	// append adds or keep stands for: those are the service ports', which PortHashes cover.
+	digest hash.Hash
 }
 
 func newTableWriter(name string) *tableWriter {
-	return &tableWriter{name: name, seen: map[string]bool{}}
+	return &tableWriter{name: name, seen: map[string]bool{}, digest: sha256.New()}
 }
 
 // chain declares a chain; declaring flushes it, so the rules that follow replace the old ones atomically.
@@ -379,6 +391,7 @@ func (t *tableWriter) chain(name string) {
 	t.seen[name] = true
 	t.declared = append(t.declared, name)
 	t.chains.WriteString(":" + name + " - [0:0]\n")
+	t.digest.Write([]byte(":" + name + "\n"))
 }
 
 // keep counts chains as declared without writing them: unchanged chains that stay as they are.
@@ -405,6 +418,7 @@ func (t *tableWriter) append(o *tableWriter) {
 
 func (t *tableWriter) rule(chain, spec string) {
 	t.rules.WriteString("-A " + chain + " " + spec + "\n")
+	t.digest.Write([]byte("-A " + chain + " " + spec + "\n"))
 }
 
 // deleteStale flushes and deletes the existing chains not declared this time (deleted Services' chains).
@@ -413,6 +427,7 @@ func (t *tableWriter) deleteStale(existing []string) {
 		if !t.seen[c] {
 			t.chains.WriteString(":" + c + " - [0:0]\n")
 			t.deletions.WriteString("-X " + c + "\n")
+			t.digest.Write([]byte("-X " + c + "\n"))
 		}
 	}
 }

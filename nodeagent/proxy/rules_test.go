@@ -1,9 +1,11 @@
 package proxy
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -292,5 +294,49 @@ func TestBuildRulesPartial(t *testing.T) {
 	}
 	if !strings.Contains(text, "-d 10.96.0.20/32 -p tcp -m tcp --dport 80 -j "+dbChain) {
 		t.Fatalf("the services chain must still jump to the unchanged chain:\n%s", text)
+	}
+}
+
+// The fingerprint names the rules a restore leaves, however much of them it writes: a partial sync after a
+// full one with no change has the full one's fingerprint (so nothing is restored), a change alters it.
+func TestFingerprintIgnoresHowMuchIsWritten(t *testing.T) {
+	services := []*corev1.Service{service("web", "10.96.0.10"), service("db", "10.96.0.20")}
+	slices := []*discoveryv1.EndpointSlice{slice("web", ep{ip: "10.244.0.5"}), slice("db", ep{ip: "10.244.0.9"})}
+	full := BuildRules(services, slices, testFacts())
+	facts := testFacts()
+	facts.Previous, facts.Existing = full.PortHashes, full.Chains
+	partial := BuildRules(services, slices, facts)
+	if partial.Written != 0 || partial.Fingerprint != full.Fingerprint || bytes.Equal(partial.Restore, full.Restore) {
+		t.Fatalf("no change: wrote %d ports, same fingerprint %v, same text %v", partial.Written,
+			partial.Fingerprint == full.Fingerprint, bytes.Equal(partial.Restore, full.Restore))
+	}
+	changed := BuildRules(services, []*discoveryv1.EndpointSlice{slice("web", ep{ip: "10.244.0.6"}), slices[1]}, facts)
+	if changed.Fingerprint == full.Fingerprint {
+		t.Fatal("an endpoint change kept the fingerprint")
+	}
+	gone := BuildRules(services[:1], slices[:1], facts)
+	if gone.Fingerprint == full.Fingerprint {
+		t.Fatal("a deleted Service kept the fingerprint")
+	}
+}
+
+// Restores are paced at one per interval on average, with a burst of two.
+func TestWriteBucket(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	b := newWriteBucket(time.Second, t0)
+	for i := range 2 {
+		if w := b.wait(t0); w != 0 {
+			t.Fatalf("write %d of the burst waits %v", i, w)
+		}
+		b.take(t0)
+	}
+	if w := b.wait(t0); w != time.Second {
+		t.Fatalf("the third write at once waits %v, want 1s", w)
+	}
+	if w := b.wait(t0.Add(400 * time.Millisecond)); w != 600*time.Millisecond {
+		t.Fatalf("400ms later it waits %v, want 600ms", w)
+	}
+	if w := b.wait(t0.Add(10 * time.Second)); w != 0 {
+		t.Fatalf("after a quiet spell it waits %v", w)
 	}
 }
