@@ -338,7 +338,11 @@ func changesServing(oldObj, newObj any) bool {
 // more than once per interval because of pod churn.
 type serviceQueue struct {
 	queue workqueue.TypedRateLimitingInterface[string]
-	now   func() time.Time
+	// behind paces the retries of syncs that failed only because an informer had not caught up with the
+	// controller's own writes (a stale cache, a conflict): from 50 ms, since the informer usually catches up
+	// within milliseconds, and a second's wait there would hold back a pod turning Ready.
+	behind workqueue.TypedRateLimiter[string]
+	now    func() time.Time
 
 	mu       sync.Mutex
 	interval time.Duration
@@ -352,6 +356,7 @@ func newServiceQueue(interval time.Duration) *serviceQueue {
 	)
 	return &serviceQueue{
 		queue:    workqueue.NewTypedRateLimitingQueue(limiter),
+		behind:   workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 100*time.Second),
 		interval: interval,
 		now:      time.Now,
 		lastSync: map[string]time.Time{},
@@ -383,6 +388,7 @@ func (q *serviceQueue) forget(key string) {
 	q.mu.Lock()
 	delete(q.lastSync, key)
 	q.mu.Unlock()
+	q.behind.Forget(key)
 }
 
 func (q *serviceQueue) shutDown() { q.queue.ShutDown() }
@@ -415,15 +421,17 @@ func (q *serviceQueue) processNext(ctx context.Context, logger hclog.Logger, wha
 	q.mu.Unlock()
 	err := syncKey(ctx, key)
 	if err != nil && ctx.Err() == nil {
-		// A conflict or a stale cache only means the informer is behind; the retry sees more.
-		logf := logger.Warn
+		// A conflict or a stale cache only means the informer is behind; the retry, soon, sees more.
 		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || errors.Is(err, errStaleSlices) {
-			logf = logger.Debug
+			logger.Debug("sync failed, retrying", what, key, "error", err)
+			q.queue.AddAfter(key, q.behind.When(key))
+			return true
 		}
-		logf("sync failed, retrying", what, key, "error", err)
+		logger.Warn("sync failed, retrying", what, key, "error", err)
 		q.queue.AddRateLimited(key)
 		return true
 	}
 	q.queue.Forget(key)
+	q.behind.Forget(key)
 	return true
 }

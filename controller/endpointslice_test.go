@@ -2,6 +2,7 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -552,5 +553,36 @@ func TestEndpointSliceStaleCache(t *testing.T) {
 	}
 	if n := len(h.storedSlices(t, "web")); n != 1 {
 		t.Errorf("%d slices, want 1 (no duplicate from a stale cache)", n)
+	}
+}
+
+// A sync that fails only because the informer is behind is retried on the short "behind" backoff, not the
+// one-second failure backoff; any other failure takes the failure backoff.
+func TestServiceQueueRetriesAStaleCacheSoon(t *testing.T) {
+	q := newServiceQueue(time.Second)
+	defer q.shutDown()
+	errs := []error{errStaleSlices, errors.New("boom"), nil}
+	q.add("ns/a")
+	for i := range errs {
+		if !q.processNext(context.Background(), hclog.NewNullLogger(), "service", func(context.Context, string) error { return errs[i] }) {
+			t.Fatal("queue shut down")
+		}
+		switch i {
+		case 0:
+			if q.behind.NumRequeues("ns/a") != 1 || q.queue.NumRequeues("ns/a") != 0 {
+				t.Fatalf("stale cache: behind %d, failures %d", q.behind.NumRequeues("ns/a"), q.queue.NumRequeues("ns/a"))
+			}
+		case 1:
+			if q.queue.NumRequeues("ns/a") != 1 {
+				t.Fatalf("an error: failures %d", q.queue.NumRequeues("ns/a"))
+			}
+		case 2:
+			if q.behind.NumRequeues("ns/a") != 0 || q.queue.NumRequeues("ns/a") != 0 {
+				t.Fatal("a success did not reset the backoffs")
+			}
+		}
+		if i < 2 {
+			eventually(t, "the retry", func() bool { return q.queue.Len() == 1 })
+		}
 	}
 }
