@@ -15,7 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -64,10 +63,7 @@ func runDeploymentController(ctx context.Context, c *Clients) {
 	deployments := c.Informers.Apps().V1().Deployments()
 	replicaSets := c.Informers.Apps().V1().ReplicaSets()
 	pods := c.Informers.Core().V1().Pods()
-	recorder := c.Recorder
-	if c.broadcaster != nil {
-		recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "deployment-controller"})
-	}
+	recorder := c.recorderFor("deployment-controller")
 	dc := &deploymentController{
 		kube:        c.Kube,
 		deployments: deployments.Lister(),

@@ -16,7 +16,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
@@ -63,12 +62,7 @@ type endpointsController struct {
 //  4. create or update the Endpoints when the subsets, labels or over-capacity annotation differ.
 func runEndpointsController(ctx context.Context, c *Clients) {
 	e, synced := newEndpointsController(c)
-	defer e.queue.shutDown()
-	c.Informers.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-		return
-	}
-	e.queue.run(ctx, e.logger, "service", e.sync)
+	e.queue.runWhenSynced(ctx, c, synced, e.logger, e.sync)
 }
 
 // newEndpointsController builds the controller and registers its informer handlers; it returns what must
@@ -77,10 +71,6 @@ func newEndpointsController(c *Clients) (*endpointsController, []cache.InformerS
 	services := c.Informers.Core().V1().Services()
 	pods := c.Informers.Core().V1().Pods()
 	endpoints := c.Informers.Core().V1().Endpoints()
-	recorder := c.Recorder
-	if c.broadcaster != nil {
-		recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "endpoint-controller"})
-	}
 	e := &endpointsController{
 		kube:         c.Kube,
 		services:     services.Lister(),
@@ -88,7 +78,7 @@ func newEndpointsController(c *Clients) (*endpointsController, []cache.InformerS
 		endpoints:    endpoints.Lister(),
 		triggerTimes: endpointsliceutil.NewTriggerTimeTracker(),
 		queue:        newServiceQueue(serviceSyncInterval),
-		recorder:     recorder,
+		recorder:     c.recorderFor("endpoint-controller"),
 		logger:       c.Logger.Named("endpoints"),
 	}
 	services.Informer().AddEventHandler(serviceEventHandler(e.queue))

@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	discoverylisters "k8s.io/client-go/listers/discovery/v1"
 	"k8s.io/client-go/tools/cache"
@@ -79,12 +78,7 @@ type endpointSliceController struct {
 //     on the Service and retry with backoff.
 func runEndpointSliceController(ctx context.Context, c *Clients) {
 	e, synced := newEndpointSliceController(c)
-	defer e.queue.shutDown()
-	c.Informers.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-		return
-	}
-	e.queue.run(ctx, e.logger, "service", e.sync)
+	e.queue.runWhenSynced(ctx, c, synced, e.logger, e.sync)
 }
 
 // newEndpointSliceController builds the controller and registers its informer handlers; it returns what
@@ -94,10 +88,7 @@ func newEndpointSliceController(c *Clients) (*endpointSliceController, []cache.I
 	pods := c.Informers.Core().V1().Pods()
 	nodes := c.Informers.Core().V1().Nodes()
 	slices := c.Informers.Discovery().V1().EndpointSlices()
-	recorder := c.Recorder
-	if c.broadcaster != nil {
-		recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "endpointslice-controller"})
-	}
+	recorder := c.recorderFor("endpointslice-controller")
 	tracker := endpointsliceutil.NewEndpointSliceTracker()
 	e := &endpointSliceController{
 		kube:     c.Kube,
@@ -392,6 +383,17 @@ func (q *serviceQueue) forget(key string) {
 }
 
 func (q *serviceQueue) shutDown() { q.queue.ShutDown() }
+
+// runWhenSynced starts the shared informers, waits until those in synced have synced, and syncs the queue's
+// Services until ctx ends; then it shuts the queue down.
+func (q *serviceQueue) runWhenSynced(ctx context.Context, c *Clients, synced []cache.InformerSynced, logger hclog.Logger, syncKey func(context.Context, string) error) {
+	defer q.shutDown()
+	c.Informers.Start(ctx.Done())
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
+		return
+	}
+	q.run(ctx, logger, "service", syncKey)
+}
 
 // run syncs keys with endpointWorkers workers until ctx ends.
 func (q *serviceQueue) run(ctx context.Context, logger hclog.Logger, what string, syncKey func(context.Context, string) error) {

@@ -55,6 +55,15 @@ func NewClients(cfg *rest.Config, logger hclog.Logger) (*Clients, error) {
 		Recorder: recorder, Logger: logger, broadcaster: broadcaster}, nil
 }
 
+// recorderFor is an event recorder whose events name component as their source, as each of Kubernetes'
+// controllers does; without the manager's broadcaster (unit tests) it is the Clients' recorder.
+func (c *Clients) recorderFor(component string) record.EventRecorder {
+	if c.broadcaster == nil {
+		return c.Recorder
+	}
+	return c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: component})
+}
+
 // controllers is the table of controllers the manager runs.
 var controllers = []struct {
 	name string

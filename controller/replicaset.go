@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
 	appslisters "k8s.io/client-go/listers/apps/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -66,10 +65,7 @@ type replicaSetController struct {
 func runReplicaSetController(ctx context.Context, c *Clients) {
 	replicaSets := c.Informers.Apps().V1().ReplicaSets()
 	pods := c.Informers.Core().V1().Pods()
-	recorder := c.Recorder
-	if c.broadcaster != nil {
-		recorder = c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "replicaset-controller"})
-	}
+	recorder := c.recorderFor("replicaset-controller")
 	r := &replicaSetController{
 		kube:         c.Kube,
 		replicaSets:  replicaSets.Lister(),
