@@ -184,6 +184,7 @@ func (a *Agent) runClusterDNS(ctx context.Context, restCfg *rest.Config, node *c
 	addr := net.JoinHostPort(gw.String(), "53")
 	serving, ready, advertised := false, false, false
 	failures := 0
+	var probe readiness
 	for {
 		facts, known, changed := a.facts.get()
 		if known {
@@ -201,7 +202,7 @@ func (a *Agent) runClusterDNS(ctx context.Context, restCfg *rest.Config, node *c
 			}
 		}
 		if serving {
-			now := answers(ctx, addr, facts.ClusterDomain)
+			now := probe.observe(answers(ctx, addr, facts.ClusterDomain))
 			if now != ready || !advertised {
 				if err := dns.ApplySlice(ctx, a.client, dns.Slice(node, gw.String(), now)); err != nil {
 					logger.Warn("advertising the node's DNS", "error", err)
@@ -213,7 +214,7 @@ func (a *Agent) runClusterDNS(ctx context.Context, restCfg *rest.Config, node *c
 		next := 30 * time.Second
 		if !serving && known {
 			next = min(time.Second<<min(failures, 5), 30*time.Second)
-		} else if serving && !ready {
+		} else if serving && (!ready || probe.failing > 0) {
 			next = time.Second
 		}
 		select {
@@ -243,6 +244,30 @@ func (a *Agent) ensureNodeDNS(ctx context.Context, binary string, facts dns.Fact
 	}
 	spec := dns.Spec{Corefile: corefile, Servers: a.serverAddrs(), CA: restCfg.TLSClientConfig.CAData, Token: restCfg.BearerToken}
 	return dns.EnsureChild(dir, binary, spec, a.logger.Named("dns"))
+}
+
+// probeFailureThreshold is how many probes in a row must fail before the node's DNS is advertised as not
+// ready, as a readiness probe's failureThreshold: one slow answer under load must not make the proxy drop
+// every query of the node's pods until the next probe.
+const probeFailureThreshold = 3
+
+// readiness turns probe results into the advertised readiness: ready at the first success, not ready after
+// probeFailureThreshold failures in a row.
+type readiness struct {
+	ready   bool
+	failing int // failures in a row
+}
+
+func (r *readiness) observe(ok bool) bool {
+	if ok {
+		r.ready, r.failing = true, 0
+		return true
+	}
+	r.failing++
+	if r.failing >= probeFailureThreshold {
+		r.ready = false
+	}
+	return r.ready
 }
 
 // answers tells whether CoreDNS at addr answers a query for the cluster domain's SOA (any well-formed

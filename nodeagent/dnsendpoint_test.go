@@ -36,3 +36,16 @@ func TestGatewayAddr(t *testing.T) {
 		t.Fatal("accepted an IPv6 pod CIDR")
 	}
 }
+
+// The node's DNS is ready at its first answer and stays so until probeFailureThreshold probes in a row fail.
+func TestDNSReadinessNeedsFailuresInARow(t *testing.T) {
+	var r readiness
+	steps := []struct {
+		answered, want bool
+	}{{false, false}, {true, true}, {false, true}, {false, true}, {true, true}, {false, true}, {false, true}, {false, false}, {false, false}, {true, true}}
+	for i, s := range steps {
+		if got := r.observe(s.answered); got != s.want {
+			t.Fatalf("probe %d (answered %v): ready %v, want %v", i, s.answered, got, s.want)
+		}
+	}
+}
