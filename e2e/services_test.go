@@ -227,12 +227,16 @@ spec:
   nodeName: agent-2
   containers: [{name: c, image: skiff.test/server:1, imagePullPolicy: Never}]
 `)
-	// From here on kubectl works in the svc namespace, through a copy of the kubeconfig.
+	// From here on kubectl works in the svc namespace, through a copy of the cluster kubeconfig (a context per
+	// server, so that it can move off a killed leader).
 	k = kubectl{t: t, kubeconfig: filepath.Join(dir, "svc.kubeconfig")}
-	if err := os.WriteFile(k.kubeconfig, []byte(readFile(t, st.Kubeconfig(dir))), 0o600); err != nil {
+	if err := os.WriteFile(k.kubeconfig, []byte(readFile(t, localcluster.ClusterKubeconfig(dir))), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	k.ok("config", "set-context", "--current", "--namespace", "svc")
+	for _, server := range []string{"server-1", "server-2", "server-3"} {
+		k.ok("config", "set-context", server, "--namespace", "svc")
+	}
+	k.ok("config", "use-context", "server-1")
 	c.k = k
 	k.ok("wait", "--for=condition=Available", "deployment/web", "--timeout=120s")
 	k.ok("wait", "--for=condition=Ready", "pod/client-1", "pod/client-2", "--timeout=120s")
@@ -460,6 +464,11 @@ spec:
 	if err := st.Kill(leader); err != nil {
 		t.Fatal(err)
 	}
+	survivor := "server-1"
+	if leader == "server-1" {
+		survivor = "server-2"
+	}
+	k.ok("config", "use-context", survivor)
 	for _, client := range []string{"client-1", "client-2"} {
 		if s := c.fetch(client, "http://web/", 20); s.OK != 20 {
 			t.Fatalf("%s through web with the leader killed: %+v", client, s)
