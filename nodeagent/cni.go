@@ -50,7 +50,7 @@ func newPodNetwork(node, dataDir, podCIDR string) (*podNetwork, error) {
 		"plugins": []any{
 			map[string]any{
 				"type": "bridge", "bridge": bridge, "isGateway": true, "hairpinMode": true,
-				// No ipMasq: it would SNAT pod-to-pod traffic across nodes (see masquerade.go).
+				// No ipMasq: it would SNAT pod-to-pod traffic across nodes (see proxy/masquerade.go).
 				"ipam": map[string]any{
 					"type": "host-local", "dataDir": ipamDir,
 					"ranges": [][]map[string]string{{{"subnet": podCIDR}}},

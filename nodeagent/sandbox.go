@@ -37,7 +37,7 @@ func (s *sandbox) nsPath(kind string) string { return fmt.Sprintf("/proc/%d/ns/%
 // createSandbox starts a pod's pause container and network:
 //  1. create and start the pause container in new network, IPC and UTS namespaces (host network for hostNetwork pods);
 //  2. pin its network namespace under /run/netns, so that CNI DEL works even after the pause process is gone;
-//  3. make sure of the node's masquerade chain (masquerade.go), then CNI ADD for the pod IP, recorded on the
+//  3. make sure of the node's masquerade chain (proxy/masquerade.go), then CNI ADD for the pod IP, recorded on the
 //     container so an agent restart finds it;
 //  4. write the pod's /etc/hosts, /etc/hostname and /etc/resolv.conf.
 func (r *containerdRuntime) createSandbox(ctx context.Context, pod *corev1.Pod) (*sandbox, error) {

@@ -81,20 +81,6 @@ func Start(corefile string, klogTo hclog.Logger) (*Server, error) {
 	return &Server{inst: inst}, nil
 }
 
-// Addrs are the addresses the server listens on, UDP then TCP for each server block.
-func (s *Server) Addrs() []string {
-	var out []string
-	for _, srv := range s.inst.Servers() {
-		if pc := srv.LocalAddr(); pc != nil {
-			out = append(out, "udp:"+pc.String())
-		}
-		if l := srv.Addr(); l != nil {
-			out = append(out, "tcp:"+l.String())
-		}
-	}
-	return out
-}
-
 // Stop shuts the instance down (its plugins' shutdown hooks, then its listeners) and waits for it. It is
 // safe to call more than once.
 func (s *Server) Stop() error {
