@@ -32,6 +32,9 @@ type AgentFile struct {
 // AgentPorts is an agent's `ports { gossip = N }`.
 type AgentPorts struct {
 	Gossip *int `hcl:"gossip,optional"`
+	// Agent is the HTTPS port the servers reach the agent on for logs, exec, attach, port-forward and metrics
+	// (the kubelet's 10250).
+	Agent *int `hcl:"agent,optional"`
 }
 
 // AgentBlock is `agent { ... }`.
@@ -54,6 +57,10 @@ type AgentBlock struct {
 	Simulated        *SimulatedBlock   `hcl:"simulated,block"`
 	Proxy            *ProxyBlock       `hcl:"proxy,block"`
 	DNS              *DNSBlock         `hcl:"dns,block"`
+	// Container logs rotate when a file reaches container_log_max_size; container_log_max_files are kept
+	// per container, the current one included (the kubelet's containerLogMaxSize and containerLogMaxFiles).
+	ContainerLogMaxSize  *string `hcl:"container_log_max_size,optional"`
+	ContainerLogMaxFiles *int    `hcl:"container_log_max_files,optional"`
 }
 
 // DNSBlock is `agent { dns { ... } }`: the agent's embedded CoreDNS (containerd runtime only).
@@ -106,7 +113,9 @@ type Agent struct {
 	RetryInterval time.Duration
 	RetryMax      int // join attempts before giving up; 0 means forever
 	GossipPort    int
-	Encrypt       string // base64 gossip key, empty for none
+	// AgentPort is the agent's HTTPS endpoint for the servers (logs, exec, attach, port-forward, metrics).
+	AgentPort int
+	Encrypt   string // base64 gossip key, empty for none
 
 	Servers          []string // host:port of server API addresses; with RetryJoin, learned from the pool when empty
 	Token            string
@@ -123,6 +132,10 @@ type Agent struct {
 	Simulated  Simulated
 	Proxy      Proxy
 	DNS        AgentDNS
+	// ContainerLogMaxSize is the size at which a container's log file rotates; ContainerLogMaxFiles how
+	// many files a container keeps, the current one included.
+	ContainerLogMaxSize  int64
+	ContainerLogMaxFiles int
 }
 
 // AgentDNS configures the cluster DNS the agent serves to its pods (containerd runtime only).
@@ -168,12 +181,13 @@ func DefaultAgentFile() *AgentFile {
 	host, _ := os.Hostname()
 	return &AgentFile{
 		Name: ptr(host), BindAddr: ptr("127.0.0.1"), LogLevel: ptr("info"), LogJSON: ptr(false),
-		Ports: &AgentPorts{Gossip: ptr(7946)},
+		Ports: &AgentPorts{Gossip: ptr(7946), Agent: ptr(10250)},
 		Agent: &AgentBlock{
 			Enabled: ptr(true), MaxPods: ptr(110), Runtime: ptr(RuntimeContainerd), RetryInterval: ptr("15s"), RetryMax: ptr(0),
-			Simulated: &SimulatedBlock{Nodes: ptr(1), CPU: ptr("4"), Memory: ptr("8Gi"), Pods: ptr(110), Zones: ptr(1)},
-			Proxy:     &ProxyBlock{Enabled: ptr(true), MinSyncInterval: ptr("1s"), FullSyncInterval: ptr("30s")},
-			DNS:       &DNSBlock{Enabled: ptr(true)},
+			Simulated:           &SimulatedBlock{Nodes: ptr(1), CPU: ptr("4"), Memory: ptr("8Gi"), Pods: ptr(110), Zones: ptr(1)},
+			Proxy:               &ProxyBlock{Enabled: ptr(true), MinSyncInterval: ptr("1s"), FullSyncInterval: ptr("30s")},
+			DNS:                 &DNSBlock{Enabled: ptr(true)},
+			ContainerLogMaxSize: ptr("10Mi"), ContainerLogMaxFiles: ptr(5),
 		},
 	}
 }
@@ -224,8 +238,22 @@ func resolveAgent(f *AgentFile, src *source) (*Agent, error) {
 	}
 	a.GossipPort, a.RetryMax = *f.Ports.Gossip, *b.RetryMax
 	a.RetryInterval = errs.duration(src, "agent.retry_interval", *b.RetryInterval)
-	if a.GossipPort < 1 || a.GossipPort > 65535 {
-		errs.add(src, "ports.gossip", fmt.Sprintf("%d is not a port", a.GossipPort))
+	a.AgentPort = *f.Ports.Agent
+	for _, p := range []struct {
+		key  string
+		port int
+	}{{"ports.gossip", a.GossipPort}, {"ports.agent", a.AgentPort}} {
+		if p.port < 1 || p.port > 65535 {
+			errs.add(src, p.key, fmt.Sprintf("%d is not a port", p.port))
+		}
+	}
+	if size, err := resource.ParseQuantity(*b.ContainerLogMaxSize); err != nil || size.Value() < 1<<10 {
+		errs.add(src, "agent.container_log_max_size", fmt.Sprintf("%q is not a size of at least 1Ki, such as \"10Mi\"", *b.ContainerLogMaxSize))
+	} else {
+		a.ContainerLogMaxSize = size.Value()
+	}
+	if a.ContainerLogMaxFiles = *b.ContainerLogMaxFiles; a.ContainerLogMaxFiles < 2 {
+		errs.add(src, "agent.container_log_max_files", fmt.Sprintf("must be at least 2 (the current file and one rotated), got %d", a.ContainerLogMaxFiles))
 	}
 	if a.RetryMax < 0 {
 		errs.add(src, "agent.retry_max", fmt.Sprintf("must be 0 (forever) or more, got %d", a.RetryMax))
