@@ -20,11 +20,13 @@ import (
 	"k8s.io/apiserver/pkg/registry/rest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	genericfilters "k8s.io/apiserver/pkg/server/filters"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	certutil "k8s.io/client-go/util/cert"
 	basecompatibility "k8s.io/component-base/compatibility"
+	metricsv1beta1 "k8s.io/metrics/pkg/apis/metrics/v1beta1"
 
 	"github.com/skiff-dev/skiff/apiserver/openapi"
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
@@ -59,9 +61,14 @@ type Config struct {
 	// MaxRequestsInFlight and MaxMutatingRequestsInFlight bound the reads and writes served at once (429
 	// beyond); the library's defaults (400 and 200) when zero.
 	MaxRequestsInFlight, MaxMutatingRequestsInFlight int
+	// AgentTransport reaches node agents' HTTPS endpoints (pods' logs, exec, attach, port-forward): it trusts
+	// their serving certificates and presents the servers' client certificate. Without it those answer 503.
+	AgentTransport http.RoundTripper
 	// DefaultTolerationSeconds is how long pods tolerate the not-ready and unreachable taints by default
 	// (300 when nil, as in Kubernetes).
 	DefaultTolerationSeconds *int64
+	// Metrics supplies the figures of the metrics.k8s.io API (kubectl top); the group is not served when nil.
+	Metrics MetricsSource
 }
 
 // Server is a running Kubernetes API on one peer.
@@ -83,10 +90,13 @@ func New(c Config) (*Server, error) {
 	if c.MaxMutatingRequestsInFlight > 0 {
 		cfg.MaxMutatingRequestsInFlight = c.MaxMutatingRequestsInFlight
 	}
+	// Streams (exec, attach, port-forward, followed logs) are long-running as watches are: no request timeout
+	// and no in-flight slot, as in kube-apiserver.
+	cfg.LongRunningFunc = genericfilters.BasicLongRunningRequestCheck(sets.NewString("watch", "proxy"), sets.NewString("attach", "exec", "proxy", "log", "portforward"))
 	namer := openapinamer.NewDefinitionNamer(Scheme)
-	cfg.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(openapi.GetOpenAPIDefinitions, namer)
+	cfg.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(withMetricsDefinitions(openapi.GetOpenAPIDefinitions), namer)
 	cfg.OpenAPIConfig.Info.Title = "Skiff"
-	cfg.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(openapi.GetOpenAPIDefinitions, namer)
+	cfg.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(withMetricsDefinitions(openapi.GetOpenAPIDefinitions), namer)
 	cfg.OpenAPIV3Config.Info.Title = "Skiff"
 
 	serving, err := dynamiccertificates.NewStaticCertKeyContent("serving-cert", c.CertPEM, c.KeyPEM)
@@ -154,7 +164,7 @@ func New(c Config) (*Server, error) {
 	}
 	getter := cfg.RESTOptionsGetter.(*restOptionsGetter)
 	getter.eventTTL = c.EventTTL
-	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens); err != nil {
+	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens, c.AgentTransport, c.Metrics); err != nil {
 		return nil, err
 	}
 	for path, h := range c.Handlers {
@@ -184,7 +194,7 @@ func admissionChain(client kubernetes.Interface, factory informers.SharedInforme
 }
 
 // installAPIs installs every kind of the registry table, grouped by API group.
-func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet, saTokens *serviceAccountTokens) error {
+func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet, saTokens *serviceAccountTokens, agentTransport http.RoundTripper, metrics MetricsSource) error {
 	groups := map[string]*genericapiserver.APIGroupInfo{}
 	var order []string
 	stores := map[string]*resource{}
@@ -224,11 +234,18 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 		saTokens.stores[kind] = stores[resource].Store
 	}
 	groups[""].VersionedResourcesStorageMap["v1"]["serviceaccounts/token"] = &tokenRequestREST{tokens: saTokens}
+	for path, st := range podStreamStorage(&agents{pods: stores["pods"].Store, nodes: stores["nodes"].Store, transport: agentTransport}) {
+		groups[""].VersionedResourcesStorageMap["v1"][path] = st
+	}
 	// authentication.k8s.io holds no stored kind, only SelfSubjectReviews.
 	auth := genericapiserver.NewDefaultAPIGroupInfo(authenticationv1.GroupName, Scheme, ParameterCodec, Codecs)
 	auth.VersionedResourcesStorageMap["v1"] = map[string]rest.Storage{"selfsubjectreviews": selfSubjectReviewREST{}}
 	groups[authenticationv1.GroupName] = &auth
 	order = append(order, authenticationv1.GroupName)
+	if metrics != nil {
+		groups[metricsv1beta1.GroupName] = metricsAPIGroup(metrics, stores["pods"], stores["nodes"])
+		order = append(order, metricsv1beta1.GroupName)
+	}
 	for _, group := range order {
 		info := groups[group]
 		if group == "" {

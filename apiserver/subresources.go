@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"net/url"
 
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
@@ -13,10 +12,8 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/conversion"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
@@ -151,39 +148,6 @@ func (r *evictionREST) Create(ctx context.Context, name string, obj runtime.Obje
 	return &metav1.Status{Status: metav1.StatusSuccess, Code: http.StatusCreated}, nil
 }
 
-// Pods: streaming subresources the node agent serves in a later issue answer 501 until then.
-
-type notImplementedREST struct {
-	what    string
-	options runtime.Object
-}
-
-func (r *notImplementedREST) New() runtime.Object { return r.options.DeepCopyObject() }
-func (r *notImplementedREST) Destroy()            {}
-
-func (r *notImplementedREST) err() error {
-	return &apierrors.StatusError{ErrStatus: metav1.Status{Status: metav1.StatusFailure, Code: http.StatusNotImplemented,
-		Reason: metav1.StatusReason("NotImplemented"), Message: fmt.Sprintf("pods/%s is not implemented yet", r.what)}}
-}
-
-// Get serves pods/log.
-func (r *notImplementedREST) Get(ctx context.Context, name string, options runtime.Object) (runtime.Object, error) {
-	return nil, r.err()
-}
-func (r *notImplementedREST) NewGetOptions() (runtime.Object, bool, string) {
-	return r.options.DeepCopyObject(), false, ""
-}
-
-type notImplementedConnect struct{ notImplementedREST }
-
-func (r *notImplementedConnect) Connect(ctx context.Context, id string, options runtime.Object, resp rest.Responder) (http.Handler, error) {
-	return nil, r.err()
-}
-func (r *notImplementedConnect) NewConnectOptions() (runtime.Object, bool, string) {
-	return r.options.DeepCopyObject(), false, ""
-}
-func (r *notImplementedConnect) ConnectMethods() []string { return []string{"GET", "POST"} }
-
 // Pods: ephemeralcontainers. Only spec.ephemeralContainers changes, and only by additions.
 
 type ephemeralStrategy struct{ strategy }
@@ -258,31 +222,10 @@ func ephemeralContainersREST(store *genericregistry.Store) rest.Storage {
 	return &statusREST{store: &e}
 }
 
-func init() {
-	// The streaming subresources decode their options from the query string. Until the node agent serves
-	// them, the options are not read, so their conversion from url.Values only has to exist; the generated
-	// conversions of kube-apiserver are not part of k8s.io/api.
-	for _, opts := range []runtime.Object{&corev1.PodLogOptions{}, &corev1.PodExecOptions{}, &corev1.PodAttachOptions{}, &corev1.PodPortForwardOptions{}} {
-		utilruntime.Must(Scheme.AddConversionFunc((*url.Values)(nil), opts, func(a, b interface{}, scope conversion.Scope) error { return nil }))
-	}
-}
-
 var podSubresources = []subresource{
 	{"ephemeralcontainers", ephemeralContainersREST},
 	{"binding", func(s *genericregistry.Store) rest.Storage { return &bindingREST{store: s} }},
 	{"eviction", func(s *genericregistry.Store) rest.Storage { return &evictionREST{store: s} }},
-	{"log", func(*genericregistry.Store) rest.Storage {
-		return &notImplementedREST{what: "log", options: &corev1.PodLogOptions{}}
-	}},
-	{"exec", func(*genericregistry.Store) rest.Storage {
-		return &notImplementedConnect{notImplementedREST{what: "exec", options: &corev1.PodExecOptions{}}}
-	}},
-	{"attach", func(*genericregistry.Store) rest.Storage {
-		return &notImplementedConnect{notImplementedREST{what: "attach", options: &corev1.PodAttachOptions{}}}
-	}},
-	{"portforward", func(*genericregistry.Store) rest.Storage {
-		return &notImplementedConnect{notImplementedREST{what: "portforward", options: &corev1.PodPortForwardOptions{}}}
-	}},
 }
 
 // Scale, for the workload kinds: kubectl scale reads and writes replicas through it.

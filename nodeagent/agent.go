@@ -27,6 +27,7 @@ import (
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/gossip"
 	"github.com/skiff-dev/skiff/nodeagent/proxy"
+	"github.com/skiff-dev/skiff/nodeagent/stats"
 )
 
 // Agent runs the pods bound to its nodes.
@@ -205,7 +206,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.runtime.Cleanup(ctx, a.knownPod); err != nil {
 		a.logger.Warn("removing the containers of deleted pods", "error", err)
 	}
+	endpointErr := make(chan error, 1)
 	if a.cfg.Runtime == config.RuntimeContainerd {
+		if err := a.startEndpoint(ctx, restCfg.TLSClientConfig.CAData, endpointErr); err != nil {
+			return err
+		}
 		go a.resyncAll(ctx, 30*time.Second)
 		go a.syncPodRoutes(ctx)
 		if rt, ok := a.runtime.(*containerdRuntime); ok && a.cfg.DNS.Enabled {
@@ -241,7 +246,33 @@ func (a *Agent) Run(ctx context.Context) error {
 	if lister, ok := a.runtime.(imageLister); ok {
 		go a.reportImages(ctx, lister, 30*time.Second)
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-endpointErr:
+		return err
+	}
+}
+
+// startEndpoint serves the agent's HTTPS endpoint (endpoint.go) in the background; a failure to serve is sent
+// on errs and stops the agent.
+func (a *Agent) startEndpoint(ctx context.Context, caPEM []byte, errs chan<- error) error {
+	rt := a.runtime.(*containerdRuntime)
+	streams, err := newStreamingServer(rt)
+	if err != nil {
+		return err
+	}
+	reader, err := stats.NewReader(containerdNamespace)
+	if err != nil {
+		return err
+	}
+	ep := &endpoint{cfg: a.cfg, logger: a.logger.Named("endpoint"), client: a.client, caPEM: caPEM, rt: rt,
+		pods: podLookup{a.pods}, streams: streams, metrics: stats.Handler(reader, a.runningContainers)}
+	go func() {
+		if err := ep.serve(ctx); err != nil {
+			errs <- err
+		}
+	}()
 	return nil
 }
 
@@ -522,10 +553,15 @@ func (a *Agent) nodeSpec(i int, name string, host hostFacts) nodeSpec {
 	if a.cfg.Runtime != config.RuntimeSimulated || a.cfg.Simulated.Nodes == 1 {
 		podCIDR = a.cfg.PodCIDR
 	}
+	var endpoints corev1.NodeDaemonEndpoints
+	if a.cfg.Runtime == config.RuntimeContainerd {
+		endpoints.KubeletEndpoint.Port = int32(a.cfg.AgentPort)
+	}
 	return nodeSpec{
 		name: name, podCIDR: podCIDR, labels: labels, taints: a.cfg.NodeTaints,
 		status: corev1.NodeStatus{
-			Capacity: capacity, Allocatable: capacity.DeepCopy(),
+			DaemonEndpoints: endpoints,
+			Capacity:        capacity, Allocatable: capacity.DeepCopy(),
 			Addresses: []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: a.cfg.AdvertiseAddr}, {Type: corev1.NodeHostName, Address: name}},
 			Conditions: []corev1.NodeCondition{
 				{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "AgentReady",
@@ -544,4 +580,28 @@ func (a *Agent) nodeSpec(i int, name string, host hostFacts) nodeSpec {
 				Architecture: runtime.GOARCH, ContainerRuntimeVersion: a.runtime.Version(), KubeletVersion: "skiff"},
 		},
 	}
+}
+
+// runningContainers lists the containers that run on the node, as the pods' statuses say, with each pod's
+// sandbox (no name), for the resource metrics.
+func (a *Agent) runningContainers() []stats.Container {
+	var out []stats.Container
+	for _, obj := range a.pods.List() {
+		pod := obj.(*corev1.Pod)
+		if !a.nodes[pod.Spec.NodeName] || pod.Status.StartTime == nil {
+			continue
+		}
+		out = append(out, stats.Container{Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID),
+			ID: sandboxID(pod), StartTime: pod.Status.StartTime.Time})
+		for _, list := range [][]corev1.ContainerStatus{pod.Status.InitContainerStatuses, pod.Status.ContainerStatuses, pod.Status.EphemeralContainerStatuses} {
+			for _, c := range list {
+				if c.State.Running == nil || c.ContainerID == "" {
+					continue
+				}
+				out = append(out, stats.Container{Namespace: pod.Namespace, Pod: pod.Name, PodUID: string(pod.UID), Name: c.Name,
+					ID: strings.TrimPrefix(c.ContainerID, "containerd://"), StartTime: c.State.Running.StartedAt.Time})
+			}
+		}
+	}
+	return out
 }

@@ -21,6 +21,8 @@ import (
 	"github.com/containerd/containerd/oci"
 	"github.com/opencontainers/runtime-spec/specs-go"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/skiff-dev/skiff/nodeagent/containerio"
 )
 
 // startContainer runs one attempt of a container:
@@ -73,6 +75,9 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 		labelKind: kind, labelName: c.Name, labelAttempt: strconv.Itoa(attempt),
 		labelImage: c.Image, labelImageID: imageID(img), labelStopSignal: imgSpec.Config.StopSignal,
 	}
+	if c.Stdin && c.StdinOnce {
+		labels[labelStdinOnce] = "true"
+	}
 	create := func() (containerd.Container, error) {
 		return r.client.NewContainer(ctx, id, containerd.WithNewSnapshot(id, img), containerd.WithNewSpec(opts...), containerd.WithContainerLabels(labels))
 	}
@@ -91,11 +96,22 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 	}
 	r.event(pod, corev1.EventTypeNormal, "Created", "Created container: %s", c.Name)
 	rec := &ctrRecord{ctr: ctr, id: id, kind: kind, name: c.Name, attempt: attempt, labels: labels}
-	logPath := filepath.Join(r.podDir(pod), "logs", c.Name, strconv.Itoa(attempt)+".log")
+	// The container's stdio goes to a process of its own (package containerio), which writes the CRI log and
+	// keeps stdin open for attach; it outlives agent restarts as the container does.
+	logPath := r.containerLogPath(pod, c.Name, attempt)
 	if err := os.MkdirAll(filepath.Dir(logPath), 0o755); err != nil {
 		return err
 	}
-	task, err := ctr.NewTask(ctx, cio.LogFile(logPath))
+	ioDir := r.containerIODir(pod, id)
+	stdio, err := containerio.Start(ioDir, containerio.Spec{LogPath: logPath, MaxSize: r.cfg.ContainerLogMaxSize,
+		MaxFiles: r.cfg.ContainerLogMaxFiles, Tty: c.TTY, Stdin: c.Stdin})
+	var task containerd.Task
+	if err == nil {
+		task, err = ctr.NewTask(ctx, stdio)
+		if err != nil {
+			_ = containerio.Stop(ioDir)
+		}
+	}
 	var exited <-chan containerd.ExitStatus
 	if err == nil {
 		// Waiting before Start, so that even an exit within microseconds is seen.
@@ -139,7 +155,14 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 	}
 	for _, old := range recs.attempts[kind+"/"+c.Name] {
 		if old.attempt < attempt-1 {
-			_ = r.deleteContainer(ctx, old)
+			if r.deleteContainer(ctx, old) == nil {
+				// Its log and stdio directory go with it; the previous attempt's stay for `logs --previous`.
+				logs, _ := filepath.Glob(r.containerLogPath(pod, c.Name, old.attempt) + "*") // rotated files too
+				for _, f := range logs {
+					_ = os.Remove(f)
+				}
+				_ = os.RemoveAll(r.containerIODir(pod, old.id))
+			}
 		}
 	}
 	return nil
@@ -172,6 +195,9 @@ func (r *containerdRuntime) specOpts(pod *corev1.Pod, c *corev1.Container, img c
 	if c.WorkingDir != "" {
 		opts = append(opts, oci.WithProcessCwd(c.WorkingDir))
 	}
+	if c.TTY {
+		opts = append(opts, oci.WithTTY)
+	}
 	if pod.Spec.HostNetwork {
 		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostNamespace(specs.UTSNamespace))
 	} else {
@@ -180,6 +206,9 @@ func (r *containerdRuntime) specOpts(pod *corev1.Pod, c *corev1.Container, img c
 			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.UTSNamespace, Path: sb.nsPath("uts")}))
 	}
 	opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.IPCNamespace, Path: sb.nsPath("ipc")}))
+	if sb.pidNS != "" { // an ephemeral container joins its target's processes (ephemeral.go)
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.PIDNamespace, Path: sb.pidNS}))
+	}
 	opts = append(opts, resourceOpts(c)...)
 	sec, err := securityOpts(pod, c)
 	if err != nil {

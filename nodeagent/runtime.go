@@ -32,6 +32,9 @@ type PodState struct {
 	Containers   []corev1.ContainerStatus
 	// InitContainers are the init containers' statuses, in order.
 	InitContainers []corev1.ContainerStatus
+	// EphemeralContainers are the ephemeral containers' statuses, in spec order. They count for neither the
+	// pod's phase nor its readiness.
+	EphemeralContainers []corev1.ContainerStatus
 }
 
 // simulatedRuntime runs no containers: every container starts at once and stays running and ready. It goes
@@ -91,6 +94,14 @@ func (r *simulatedRuntime) SyncPod(_ context.Context, pod *corev1.Pod) (*PodStat
 		running := true
 		state.Containers = append(state.Containers, corev1.ContainerStatus{
 			Name: c.Name, Image: c.Image, ImageID: "simulated://" + c.Image, Ready: true, Started: &running,
+			ContainerID: "simulated://" + string(pod.UID) + "/" + c.Name,
+			State:       corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(started)}},
+		})
+	}
+	// Ephemeral containers run from the sync that sees them; like the kubelet's, they are never ready.
+	for _, c := range pod.Spec.EphemeralContainers {
+		state.EphemeralContainers = append(state.EphemeralContainers, corev1.ContainerStatus{
+			Name: c.Name, Image: c.Image, ImageID: "simulated://" + c.Image,
 			ContainerID: "simulated://" + string(pod.UID) + "/" + c.Name,
 			State:       corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(started)}},
 		})

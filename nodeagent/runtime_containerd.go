@@ -37,7 +37,7 @@ const (
 	labelPodUID       = "io.skiff.pod.uid"
 	labelPodName      = "io.skiff.pod.name"
 	labelPodNamespace = "io.skiff.pod.namespace"
-	labelKind         = "io.skiff.container.kind" // sandbox, init or app
+	labelKind         = "io.skiff.container.kind" // sandbox, init, app or ephemeral
 	labelName         = "io.skiff.container.name"
 	labelAttempt      = "io.skiff.container.attempt"
 	labelImage        = "io.skiff.container.image"
@@ -50,9 +50,10 @@ const (
 	labelIP           = "io.skiff.sandbox.ip"
 	labelNetns        = "io.skiff.sandbox.netns"
 
-	kindSandbox = "sandbox"
-	kindInit    = "init"
-	kindApp     = "app"
+	kindSandbox   = "sandbox"
+	kindInit      = "init"
+	kindApp       = "app"
+	kindEphemeral = "ephemeral" // kubectl debug's containers (ephemeral.go): started once, never restarted
 )
 
 // containerdRuntime runs pods as containerd containers: a pause sandbox with a CNI network, volumes, then init
@@ -394,10 +395,12 @@ func splitLines(s string) []string {
 //  1. read the pod's containers from containerd;
 //  2. make sure the sandbox runs; a dead sandbox takes the pod's containers with it and is made anew;
 //  3. set up the volumes (a missing ConfigMap or Secret leaves the pod ContainerCreating, and it retries);
-//  4. run the init containers in order, each to success, one step per sync;
-//  5. kill containers whose liveness failed, and start app containers that are not running and should be,
+//  4. start the ephemeral containers that never ran (even before the pod is initialized, as the kubelet does,
+//     so that a stuck init container can be debugged);
+//  5. run the init containers in order, each to success, one step per sync;
+//  6. kill containers whose liveness failed, and start app containers that are not running and should be,
 //     after their crash-loop backoff;
-//  6. report the state, from containerd and the probes.
+//  7. report the state, from containerd and the probes.
 func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodState, error) {
 	ctx = r.ctx(ctx)
 	recs, err := r.loadPod(ctx, pod.UID)
@@ -415,10 +418,12 @@ func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodS
 		r.event(pod, corev1.EventTypeWarning, "FailedMount", "MountVolume.SetUp failed: %v", err)
 		return r.state(pod, recs, sb), err
 	}
+	ephemeralErr := r.syncEphemeralContainers(ctx, pod, recs, sb, vols)
 	initDone, stepErr := r.syncInitContainers(ctx, pod, recs, sb, vols)
 	if initDone && stepErr == nil {
 		stepErr = r.syncAppContainers(ctx, pod, recs, sb, vols)
 	}
+	stepErr = errors.Join(ephemeralErr, stepErr)
 	if recs, err = r.loadPod(ctx, pod.UID); err != nil {
 		return nil, err
 	}
@@ -662,6 +667,9 @@ func (r *containerdRuntime) KillPod(ctx context.Context, pod *corev1.Pod, grace 
 // made again.
 func (r *containerdRuntime) removeAll(ctx context.Context, pod *corev1.Pod, recs *podRecords, grace func() time.Duration, keepLatest bool) error {
 	start := time.Now()
+	// The specs give the preStop hooks. Init and ephemeral containers have none (the API forbids an
+	// ephemeral container's lifecycle), so a nil spec is right for them; the grace period and the stop signal
+	// (a label) do not depend on the spec.
 	specs := map[string]*corev1.Container{}
 	for i := range pod.Spec.Containers {
 		specs[kindApp+"/"+pod.Spec.Containers[i].Name] = &pod.Spec.Containers[i]
@@ -798,6 +806,7 @@ func (r *containerdRuntime) state(pod *corev1.Pod, recs *podRecords, sb *sandbox
 		}
 		state.Containers = append(state.Containers, r.containerStatus(pod, c, kindApp, recs, reason))
 	}
+	state.EphemeralContainers = r.ephemeralStatuses(pod, recs)
 	return state
 }
 
@@ -840,7 +849,7 @@ func (r *containerdRuntime) containerStatus(pod *corev1.Pod, c *corev1.Container
 		} else {
 			started = true
 		}
-	case isSidecar(c) || ((kind == kindApp || last.exitCode != 0) && shouldRestart(pod.Spec.RestartPolicy, last)):
+	case kind != kindEphemeral && (isSidecar(c) || ((kind == kindApp || last.exitCode != 0) && shouldRestart(pod.Spec.RestartPolicy, last))):
 		// Exited and due for a restart: waiting, with the exit as the last state.
 		w := corev1.ContainerStateWaiting{Reason: "CrashLoopBackOff"}
 		if ww, ok := r.waitingFor(pod.UID, c.Name); ok {

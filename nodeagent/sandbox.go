@@ -29,6 +29,9 @@ type sandbox struct {
 	pid   uint32
 	ip    string
 	netns string // empty for hostNetwork pods
+	// pidNS is the PID namespace a container joins (/proc/<pid>/ns/pid); empty for a PID namespace of its own.
+	// An ephemeral container with a targetContainerName gets a copy of the sandbox with its target's.
+	pidNS string
 }
 
 // nsPath is the path of one of the pause process's namespaces, which the pod's containers join.

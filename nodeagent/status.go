@@ -6,7 +6,8 @@ import (
 )
 
 // podStatus turns a runtime's view of a pod into the status Kubernetes shows: phase, the five conditions,
-// IPs, start time and container statuses. Conditions keep their transition time while unchanged.
+// IPs, start time and container statuses. Conditions keep their transition time while unchanged. Ephemeral
+// containers are reported but, as in the kubelet, count for neither the phase nor readiness.
 func podStatus(pod *corev1.Pod, state *PodState, hostIP string) corev1.PodStatus {
 	status := *pod.Status.DeepCopy()
 	status.HostIP = hostIP
@@ -21,6 +22,7 @@ func podStatus(pod *corev1.Pod, state *PodState, hostIP string) corev1.PodStatus
 	}
 	status.InitContainerStatuses = state.InitContainers
 	status.ContainerStatuses = state.Containers
+	status.EphemeralContainerStatuses = state.EphemeralContainers
 
 	initialized := true
 	for i, c := range state.InitContainers {

@@ -14,6 +14,8 @@ func TestSimulatedPodStatus(t *testing.T) {
 	pod := &corev1.Pod{Spec: corev1.PodSpec{
 		InitContainers: []corev1.Container{{Name: "init", Image: "busybox"}},
 		Containers:     []corev1.Container{{Name: "a", Image: "web:1"}, {Name: "b", Image: "web:2"}},
+		EphemeralContainers: []corev1.EphemeralContainer{{TargetContainerName: "a",
+			EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "debugger", Image: "busybox"}}},
 	}}
 	pod.UID = "uid-1"
 	state, err := r.SyncPod(context.Background(), pod)
@@ -38,6 +40,11 @@ func TestSimulatedPodStatus(t *testing.T) {
 	}
 	if len(status.InitContainerStatuses) != 1 || status.InitContainerStatuses[0].State.Terminated.Reason != "Completed" {
 		t.Errorf("init containers %+v", status.InitContainerStatuses)
+	}
+	// Ephemeral containers run; like the kubelet's, they are never ready.
+	if e := status.EphemeralContainerStatuses; len(e) != 1 || e[0].Name != "debugger" || e[0].State.Running == nil || e[0].Ready ||
+		e[0].RestartCount != 0 || e[0].ContainerID != "simulated://uid-1/debugger" || e[0].ImageID != "simulated://busybox" {
+		t.Errorf("ephemeral containers %+v", status.EphemeralContainerStatuses)
 	}
 	// A second sync of the same pod reports the same thing, so the agent writes nothing.
 	pod.Status = status

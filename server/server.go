@@ -232,15 +232,20 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	agentTransport := s.agentTransport(caPEM)
+	metrics := newMetricsScraper(&http.Client{Transport: agentTransport, Timeout: metricsScrapeTimeout}, s.nodeLister(ctx), nil, s.logger)
 	api, err := apiserver.New(apiserver.Config{
 		Backend: s.node, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM, AdminToken: token, JoinToken: s.joinToken, ServiceAccountKey: s.serviceAccountKey,
 		Handlers: map[string]http.Handler{
 			"/v1/operator/": s.operatorRoutes(), "/metrics": s.metricsHandler(), join.CAPath: s.caForAgents(caPEM),
+			join.ServingCertPath: http.HandlerFunc(s.signAgentServingCert),
 		},
-		ReadyzChecks: []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
-		ServiceCIDR:  s.cfg.ServiceCIDR,
-		ClusterCIDR:  s.cfg.ClusterCIDR,
-		EventTTL:     s.cfg.EventTTL,
+		AgentTransport: agentTransport,
+		Metrics:        metrics,
+		ReadyzChecks:   []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
+		ServiceCIDR:    s.cfg.ServiceCIDR,
+		ClusterCIDR:    s.cfg.ClusterCIDR,
+		EventTTL:       s.cfg.EventTTL,
 
 		DefaultTolerationSeconds: &s.cfg.DefaultTolerationSeconds,
 
@@ -257,6 +262,7 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		s.logger.Info("wrote admin kubeconfig", "path", s.KubeconfigPath())
 	}
 	s.writeJoinToken(ctx)
+	go metrics.Run(ctx)
 	s.logger.Info("serving the Kubernetes API", "address", s.cfg.AdvertiseAPIAddr())
 	if err := api.Run(ctx); err != nil && ctx.Err() == nil {
 		s.logger.Error("API server stopped", "error", err)

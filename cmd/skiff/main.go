@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/skiff-dev/skiff/nodeagent/containerio"
 	"github.com/skiff-dev/skiff/nodeagent/dns"
 )
 
@@ -42,6 +43,8 @@ func usage() {
 func main() {
 	// The node's DNS process is this binary started by an agent (nodeagent/dns): it has no command line.
 	dns.RunChildIfAsked()
+	// So is a container's stdio process, started for each container (nodeagent/containerio).
+	containerio.RunChildIfAsked()
 	if len(os.Args) < 2 || strings.HasPrefix(os.Args[1], "-") {
 		usage()
 		os.Exit(2)

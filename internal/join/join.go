@@ -68,3 +68,12 @@ func VerifyCA(token string, resp CAResponse) ([]byte, error) {
 	}
 	return []byte(resp.CA), nil
 }
+
+// ServingCertPath is where an agent, authenticated as its node, sends a PEM certificate request (PKCS#10) for
+// the serving certificate of its HTTPS endpoint and gets back the PEM certificate, then the CA's. The request
+// names system:node:<node> in system:nodes and only the node's name and addresses.
+const ServingCertPath = "/v1/agent/serving-certificate"
+
+// AgentClientCN is the common name of the client certificate the servers present to agents, the only
+// identity an agent's endpoint serves (kube-apiserver's kubelet client, as kubeadm names it).
+const AgentClientCN = "kube-apiserver-kubelet-client"

@@ -1,0 +1,32 @@
+package containerio
+
+import (
+	"context"
+	"io"
+
+	internalapi "k8s.io/cri-api/pkg/apis"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/logs"
+)
+
+// ReadLogs writes the container's log at path to stdout and stderr, as the kubelet serves `kubectl logs`.
+// With opts.Follow it keeps reading, across rotations, while running reports the container running, and until
+// ctx ends; running is not called otherwise.
+func ReadLogs(ctx context.Context, path string, opts *logs.LogOptions, running func() bool, stdout, stderr io.Writer) error {
+	return logs.ReadLogs(ctx, path, "", opts, runningStatus{running: running}, stdout, stderr)
+}
+
+// runningStatus answers the one question logs.ReadLogs asks the runtime while following: is the container
+// still running? Any other method would panic on the nil interface; ReadLogs calls none.
+type runningStatus struct {
+	internalapi.RuntimeService
+	running func() bool
+}
+
+func (r runningStatus) ContainerStatus(context.Context, string, bool) (*runtimeapi.ContainerStatusResponse, error) {
+	state := runtimeapi.ContainerState_CONTAINER_EXITED
+	if r.running() {
+		state = runtimeapi.ContainerState_CONTAINER_RUNNING
+	}
+	return &runtimeapi.ContainerStatusResponse{Status: &runtimeapi.ContainerStatus{State: state}}, nil
+}
