@@ -24,7 +24,7 @@ lint:
 # built binary, and a short smoke of the chaos and benchmark suites.
 test: setup build lint
 	$(GO) test -race -count=1 -timeout 15m ./fsm/... ./raftnode/... ./config/... ./gossip/... ./server/... ./apiserver/... ./scheduler/... ./controller/... ./nodeagent/... ./internal/...
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m ./e2e/...
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m ./e2e/...
 	$(MAKE) --no-print-directory smoke
 
 smoke:
@@ -38,6 +38,7 @@ smoke:
 	$(GO) test -count=1 -run '^$$' -bench 'GossipConvergence' -benchtime 2x -timeout 10m ./gossip/ -args -gossip.members=10
 	$(GO) test -count=1 -run '^$$' -bench 'BuildRules|Sync|RestoreOnly' -benchtime 1x -timeout 10m ./nodeagent/proxy/ -args -proxy.services=100
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NetworkProgramming|ClusterDNS' -benchtime 1x -timeout 10m ./bench/ -args -netprog.pods=6 -dns.queries=2000
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench '^Benchmark(Exec|LogsFollow|PortForward)$$' -benchtime 1x -timeout 10m ./bench/ -args -exec.runs=5 -logs.seconds=2 -pf.mib=16 -pf.runs=1
 
 # Full benchmarks; docs/BENCHMARKS.md records their figures and these commands.
 bench: setup build
@@ -52,6 +53,7 @@ bench: setup build
 	$(GO) test -count=1 -run '^$$' -bench 'GossipConvergence' -benchtime 10x -timeout 30m ./gossip/
 	$(GO) test -count=1 -run '^$$' -bench 'BuildRules|Sync|RestoreOnly' -benchtime 3x -timeout 30m ./nodeagent/proxy/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NetworkProgramming|ClusterDNS' -benchtime 1x -timeout 30m ./bench/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench '^Benchmark(Exec|LogsFollow|PortForward)$$' -benchtime 1x -timeout 30m ./bench/
 
 # Longer fault suites: many chaos rounds and many randomized bootstrap start orders.
 chaos: setup build
