@@ -166,6 +166,7 @@ func (e *endpoint) containerLogs(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	out := &flushWriter{w: w, f: w.(http.Flusher)}
+	defer out.close()
 	stdout, stderr := io.Writer(out), io.Writer(out)
 	switch q.Get("stream") {
 	case corev1.LogStreamStdout:
@@ -213,16 +214,48 @@ func logOptions(q interface{ Get(string) string }) (*logs.LogOptions, error) {
 	return opts, nil
 }
 
-// flushWriter flushes every write, so that a followed log reaches the client line by line.
+// flushDelay is how long a followed log's output may wait in the response buffer: long enough that a fast
+// writer's lines leave in large chunks, not one TLS record (and one flush up the servers' proxy) per line.
+const flushDelay = 10 * time.Millisecond
+
+// flushWriter flushes what was written within flushDelay, so that a followed log reaches the client at once
+// when it is quiet, and in buffer-sized chunks when it is busy.
 type flushWriter struct {
-	w io.Writer
-	f http.Flusher
+	mu      sync.Mutex
+	w       io.Writer
+	f       http.Flusher
+	pending bool
+	closed  bool
 }
 
 func (f *flushWriter) Write(p []byte) (int, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	n, err := f.w.Write(p)
-	f.f.Flush()
+	if !f.pending {
+		f.pending = true
+		time.AfterFunc(flushDelay, f.flush)
+	}
 	return n, err
+}
+
+func (f *flushWriter) flush() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.closed {
+		f.f.Flush()
+	}
+	f.pending = false
+}
+
+// close flushes what is left and stops later timers from touching the finished response.
+func (f *flushWriter) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.closed {
+		f.f.Flush()
+	}
+	f.closed = true
 }
 
 // taskRunning tells whether a container's process runs.
