@@ -202,6 +202,42 @@ func (s ephemeralStrategy) ValidateUpdate(ctx context.Context, obj, old runtime.
 		if c.Image == "" {
 			errs = append(errs, field.Required(p.Child("image"), ""))
 		}
+		if i >= len(oldPod.Spec.EphemeralContainers) {
+			errs = append(errs, validateNewEphemeral(p, &c, pod)...)
+		}
+	}
+	return errs
+}
+
+// validateNewEphemeral refuses, as Kubernetes does, what an ephemeral container may not have: it gets no
+// guaranteed resources, no ports, probes, lifecycle or restart policy, and may only target a container of
+// the pod.
+func validateNewEphemeral(p *field.Path, c *corev1.EphemeralContainer, pod *corev1.Pod) field.ErrorList {
+	var errs field.ErrorList
+	for _, f := range []struct {
+		name string
+		set  bool
+	}{
+		{"ports", len(c.Ports) > 0}, {"lifecycle", c.Lifecycle != nil}, {"livenessProbe", c.LivenessProbe != nil},
+		{"readinessProbe", c.ReadinessProbe != nil}, {"startupProbe", c.StartupProbe != nil},
+		{"resources", len(c.Resources.Limits) > 0 || len(c.Resources.Requests) > 0 || len(c.Resources.Claims) > 0},
+		{"resizePolicy", len(c.ResizePolicy) > 0}, {"restartPolicy", c.RestartPolicy != nil},
+		{"restartPolicyRules", len(c.RestartPolicyRules) > 0},
+	} {
+		if f.set {
+			errs = append(errs, field.Forbidden(p.Child(f.name), "cannot be set for an Ephemeral Container"))
+		}
+	}
+	if t := c.TargetContainerName; t != "" {
+		found := false
+		for _, list := range [][]corev1.Container{pod.Spec.Containers, pod.Spec.InitContainers} {
+			for _, other := range list {
+				found = found || other.Name == t
+			}
+		}
+		if !found {
+			errs = append(errs, field.NotFound(p.Child("targetContainerName"), t))
+		}
 	}
 	return errs
 }
