@@ -211,6 +211,9 @@ func (r *streamREST) Destroy() {}
 func (r *streamREST) NewConnectOptions() (runtime.Object, bool, string) {
 	return r.New(), false, ""
 }
+// ConnectMethods are GET (kubectl's WebSocket streams) and POST (SPDY). The authorizer sees a GET as "get":
+// Kubernetes authorizes exec, attach and portforward as "create" whichever method carries them
+// (kubernetes#133515), which the RBAC authorizer must do too once it enforces roles.
 func (r *streamREST) ConnectMethods() []string { return []string{"GET", "POST"} }
 
 func (r *streamREST) Connect(ctx context.Context, name string, options runtime.Object, responder rest.Responder) (http.Handler, error) {
