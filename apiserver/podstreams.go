@@ -67,9 +67,10 @@ func (a *agents) location(ctx context.Context, pod *corev1.Pod, path string, que
 	return &url.URL{Scheme: "https", Host: net.JoinHostPort(host, strconv.Itoa(int(port))), Path: path, RawQuery: query.Encode()}, nil
 }
 
-// nodeAddress prefers the InternalIP, then any address, as the kubelet connection info does.
+// nodeAddress is the address the kubelet connection info prefers: InternalIP, then ExternalIP, InternalDNS,
+// ExternalDNS and Hostname.
 func nodeAddress(node *corev1.Node) string {
-	for _, t := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP, corev1.NodeHostName} {
+	for _, t := range []corev1.NodeAddressType{corev1.NodeInternalIP, corev1.NodeExternalIP, corev1.NodeInternalDNS, corev1.NodeExternalDNS, corev1.NodeHostName} {
 		for _, a := range node.Status.Addresses {
 			if a.Type == t && a.Address != "" {
 				return a.Address
@@ -211,6 +212,7 @@ func (r *streamREST) Destroy() {}
 func (r *streamREST) NewConnectOptions() (runtime.Object, bool, string) {
 	return r.New(), false, ""
 }
+
 // ConnectMethods are GET (kubectl's WebSocket streams) and POST (SPDY). The authorizer sees a GET as "get":
 // Kubernetes authorizes exec, attach and portforward as "create" whichever method carries them
 // (kubernetes#133515), which the RBAC authorizer must do too once it enforces roles.

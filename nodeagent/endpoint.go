@@ -250,8 +250,8 @@ func writeError(w http.ResponseWriter, err error) {
 	http.Error(w, err.Error(), http.StatusInternalServerError)
 }
 
-// httpError is an error with the HTTP status the servers turn into the API's answer (400 and 404 keep their
-// message, as the kubelet's do).
+// httpError is an error with the HTTP status the servers turn into the API's answer (a 400 keeps its message,
+// as the kubelet's does; the API words a 404 itself).
 type httpError struct {
 	code int
 	msg  string

@@ -38,8 +38,12 @@ func (s *Server) signAgentServingCert(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	u, ok := request.UserFrom(r.Context())
+	if !ok {
+		writeStatus(w, http.StatusForbidden, "Forbidden", "only a node may ask for an agent serving certificate")
+		return
+	}
 	node, isNode := strings.CutPrefix(u.GetName(), "system:node:")
-	if !ok || !isNode || !slices.Contains(u.GetGroups(), "system:nodes") {
+	if !isNode || !slices.Contains(u.GetGroups(), "system:nodes") {
 		writeStatus(w, http.StatusForbidden, "Forbidden", "only a node may ask for an agent serving certificate")
 		return
 	}
