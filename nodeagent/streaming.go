@@ -483,17 +483,18 @@ func (s streamRuntime) PortForward(ctx context.Context, podSandboxID string, por
 		return fmt.Errorf("failed to connect to localhost:%d inside namespace %q: %w", port, podSandboxID, err)
 	}
 	defer conn.Close()
-	done := make(chan struct{}, 2)
+	// The client's end of its data is passed on as a half-close; the stream is over when the pod's side has
+	// said all it will (a request sent and closed still gets its whole answer), or the client went away.
 	go func() {
 		_, _ = io.Copy(conn, stream)
 		if tc, ok := conn.(*net.TCPConn); ok {
 			_ = tc.CloseWrite()
 		}
-		done <- struct{}{}
 	}()
+	done := make(chan struct{})
 	go func() {
 		_, _ = io.Copy(stream, conn)
-		done <- struct{}{}
+		close(done)
 	}()
 	select {
 	case <-done:
