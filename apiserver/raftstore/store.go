@@ -302,8 +302,17 @@ func (s *Store) Delete(ctx context.Context, key string, out runtime.Object, prec
 	}
 	orig, current, err := s.startState(key, v, false, cachedExistingObject)
 	if err != nil {
-		return err
+		if !storage.IsNotFound(err) {
+			return err
+		}
+		if err := s.readAt(ctx, ""); err != nil {
+			return err
+		}
+		if orig, err = s.currentState(key, v, false); err != nil {
+			return err
+		}
 	}
+	current = false
 	for {
 		checkErr := preconditions.Check(key, orig.obj)
 		if checkErr == nil && validateDeletion != nil {
@@ -315,6 +324,9 @@ func (s *Store) Delete(ctx context.Context, key string, out runtime.Object, prec
 			}
 			// The cached object may be stale: decide on the stored one.
 			cachedRev := orig.rev
+			if err := s.readAt(ctx, ""); err != nil {
+				return err
+			}
 			if orig, err = s.currentState(key, v, false); err != nil {
 				return err
 			}
@@ -358,11 +370,23 @@ func (s *Store) GuaranteedUpdate(ctx context.Context, key string, destination ru
 	}
 	orig, current, err := s.startState(key, v, ignoreNotFound, cachedExistingObject)
 	if err != nil {
-		return err
+		if !storage.IsNotFound(err) {
+			return err
+		}
+		if err := s.readAt(ctx, ""); err != nil {
+			return err
+		}
+		if orig, err = s.currentState(key, v, ignoreNotFound); err != nil {
+			return err
+		}
 	}
+	current = false
 	for {
 		if err := preconditions.Check(key, orig.obj); err != nil {
 			if current {
+				return err
+			}
+			if err := s.readAt(ctx, ""); err != nil {
 				return err
 			}
 			if orig, err = s.currentState(key, v, ignoreNotFound); err != nil {
@@ -377,6 +401,9 @@ func (s *Store) GuaranteedUpdate(ctx context.Context, key string, destination ru
 				return err
 			}
 			cachedRev, cachedErr := orig.rev, err
+			if err := s.readAt(ctx, ""); err != nil {
+				return err
+			}
 			if orig, err = s.currentState(key, v, ignoreNotFound); err != nil {
 				return err
 			}
@@ -396,6 +423,9 @@ func (s *Store) GuaranteedUpdate(ctx context.Context, key string, destination ru
 		if orig.rev != 0 && bytes.Equal(data, orig.data) && (ttl == nil || *ttl == uint64(orig.meta.TTL)) {
 			// Unchanged: no write. A cached object must first be confirmed against the store.
 			if !current {
+				if err := s.readAt(ctx, ""); err != nil {
+					return err
+				}
 				if orig, err = s.currentState(key, v, ignoreNotFound); err != nil {
 					return err
 				}
