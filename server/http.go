@@ -10,6 +10,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -47,14 +48,29 @@ type MemberInfo struct {
 	NodeCount int      `json:"nodeCount,omitempty"`
 }
 
+// RaftState is the answer of GET /v1/operator/raft/state: this server's applied Raft index and the digest of
+// its replicated state at that index (fsm.Store.StateHash). Once faults stop, every server must report the
+// same pair; the goroutine count lets a fault suite spot leaks.
+type RaftState struct {
+	Name         string `json:"name"`
+	AppliedIndex uint64 `json:"appliedIndex"`
+	StateHash    string `json:"stateHash"`
+	Goroutines   int    `json:"goroutines"`
+}
+
 // forwardedHeader marks a request a follower proxied to the leader, so it is never proxied twice.
 const forwardedHeader = "X-Skiff-Forwarded-By"
 
-// bootstrapRoutes serve the API port until the cluster CA exists: health only.
+// bootstrapRoutes serve the API port until the API server starts (the cluster CA and admin token have
+// replicated here, which after a restart means until this peer has caught up): health only. Anything else is
+// 503 with Retry-After, never 404: a client must not take "not serving yet" for "no such object".
 func (s *Server) bootstrapRoutes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /livez", s.livez)
 	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "this server is starting: the API is not served yet")
+	})
 	return mux
 }
 
@@ -67,6 +83,7 @@ func (s *Server) operatorRoutes() http.Handler {
 		handler    http.HandlerFunc
 	}{
 		{"GET /v1/operator/raft/peers", false, s.listPeers},
+		{"GET /v1/operator/raft/state", false, s.raftState},
 		{"DELETE /v1/operator/raft/peers/{name}", true, s.removePeer},
 		{"POST /v1/operator/raft/transfer-leadership", true, s.transferLeadership},
 		{"GET /v1/operator/snapshot", false, s.saveSnapshot},
@@ -214,6 +231,13 @@ func (s *Server) listPeers(w http.ResponseWriter, r *http.Request) {
 		out = append(out, PeerInfo{Name: sv.ID, ID: sv.ID, Address: sv.Address, State: state, Voter: sv.Voter})
 	}
 	writeJSON(w, out)
+}
+
+// raftState reports this server's own state, read locally with no leader round trip: the point is to compare
+// the servers with one another.
+func (s *Server) raftState(w http.ResponseWriter, r *http.Request) {
+	applied, hash := s.node.Store().StateHash()
+	writeJSON(w, RaftState{Name: s.cfg.Name, AppliedIndex: applied, StateHash: hash, Goroutines: runtime.NumGoroutine()})
 }
 
 func (s *Server) removePeer(w http.ResponseWriter, r *http.Request) {
