@@ -1,0 +1,245 @@
+package chaos
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Options say what a run does.
+type Options struct {
+	// Rounds is how many rounds run; each injects FaultsPerRound faults from the plan (none on a cluster the
+	// suite does not control).
+	Rounds int
+	// Seed makes a run reproducible: round r uses Seed+r for its traffic and its fault choices.
+	Seed uint64
+	// Plan lists the faults to inject, by name, in an order the seed shuffles; the rounds take them in turn
+	// and start over when it is used up. Empty: every fault, once each.
+	Plan []string
+	// FaultsPerRound is one or more; a round's faults are injected together and healed together.
+	FaultsPerRound int
+	// Hold is how long faults last before they are healed; Settle how long traffic runs before and after.
+	Hold, Settle time.Duration
+	// ReportDir receives a porcupine visualization of any history that is not linearizable.
+	ReportDir string
+	// Out receives the report: a line per round and a summary line last.
+	Out io.Writer
+}
+
+// Summary totals a run.
+type Summary struct {
+	Rounds, FailedRounds int
+	Ops                  int
+	Faults               map[string]int
+	Failures             []string
+}
+
+// String is the summary line `make chaos` prints last.
+func (s Summary) String() string {
+	names := make([]string, 0, len(s.Faults))
+	for n := range s.Faults {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var parts []string
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s=%d", n, s.Faults[n]))
+	}
+	return fmt.Sprintf("chaos summary: %d rounds, %d failed, %d operations; faults: %s", s.Rounds, s.FailedRounds, s.Ops, strings.Join(parts, " "))
+}
+
+// PlanFromCounts expands counts such as "kill-leader=100,pause-leader=20" into a plan.
+func PlanFromCounts(spec string) ([]string, error) {
+	var plan []string
+	for _, item := range strings.Split(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, n := item, 1
+		if i := strings.IndexByte(item, '='); i >= 0 {
+			name = item[:i]
+			if _, err := fmt.Sscanf(item[i+1:], "%d", &n); err != nil || n < 0 {
+				return nil, fmt.Errorf("plan item %q: want name=count", item)
+			}
+		}
+		if _, ok := FaultByName(name); !ok {
+			return nil, fmt.Errorf("plan item %q: no such fault", name)
+		}
+		for range n {
+			plan = append(plan, name)
+		}
+	}
+	return plan, nil
+}
+
+// Run runs the rounds and returns their summary; the error is only for a run that could not be carried out
+// (a round whose checks fail is counted and reported, and the run goes on).
+func Run(ctx context.Context, c *Cluster, opts Options) (Summary, error) {
+	sum := Summary{Faults: map[string]int{}}
+	if opts.FaultsPerRound < 1 {
+		opts.FaultsPerRound = 1
+	}
+	plan := slices.Clone(opts.Plan)
+	if len(plan) == 0 {
+		for _, f := range Faults {
+			plan = append(plan, f.Name)
+		}
+	}
+	rng := rand.New(rand.NewPCG(opts.Seed, 0x5eed))
+	rng.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
+	next := 0
+	for r := 0; r < opts.Rounds && ctx.Err() == nil; r++ {
+		var faults []string
+		if c.Local != nil {
+			for range opts.FaultsPerRound {
+				faults = append(faults, plan[next%len(plan)])
+				next++
+			}
+		}
+		res := runRound(ctx, c, opts, r, opts.Seed+uint64(r), faults)
+		sum.Rounds++
+		sum.Ops += res.ops
+		for _, f := range faults {
+			sum.Faults[f]++
+		}
+		status := "ok"
+		if len(res.failures) > 0 {
+			status = "FAILED"
+			sum.FailedRounds++
+			for _, f := range res.failures {
+				sum.Failures = append(sum.Failures, fmt.Sprintf("round %d (seed %d, %v): %v", r, opts.Seed+uint64(r), faults, f))
+			}
+		}
+		fmt.Fprintf(opts.Out, "round %d seed %d faults %v: %s; %s\n", r, opts.Seed+uint64(r), faults, status, res.describe())
+		for _, f := range res.failures {
+			fmt.Fprintf(opts.Out, "  %v\n", f)
+		}
+	}
+	fmt.Fprintln(opts.Out, sum.String())
+	return sum, ctx.Err()
+}
+
+// roundResult is what one round saw.
+type roundResult struct {
+	ops      int
+	counts   map[string]int
+	steps    []string
+	failures []error
+}
+
+func (r *roundResult) describe() string {
+	keys := make([]string, 0, len(r.counts))
+	for k := range r.counts {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s=%d", k, r.counts[k]))
+	}
+	return fmt.Sprintf("%d ops (%s); %s", r.ops, strings.Join(parts, " "), strings.Join(r.steps, "; "))
+}
+
+func (r *roundResult) fail(what string, err error) {
+	if err != nil {
+		r.failures = append(r.failures, fmt.Errorf("%s: %w", what, err))
+	}
+}
+
+func (r *roundResult) step(format string, args ...any) {
+	r.steps = append(r.steps, fmt.Sprintf(format, args...))
+}
+
+// runRound runs traffic and watches, injects the faults, heals them, and checks everything.
+func runRound(ctx context.Context, c *Cluster, opts Options, round int, seed uint64, faults []string) *roundResult {
+	res := &roundResult{}
+	rng := rand.New(rand.NewPCG(seed, 0xfa17))
+	before, err := GoroutineCounts(ctx, c.Kubeconfig)
+	res.fail("goroutine counts before the round", err)
+
+	traffic, err := NewTraffic(c.Kubeconfig, seed, TrafficOptions{})
+	if err != nil {
+		res.fail("starting traffic", err)
+		return res
+	}
+	watchers, err := StartWatchers(ctx, c.Kubeconfig, traffic.Namespace(), seed)
+	if err != nil {
+		res.fail("starting watchers", err)
+		return res
+	}
+	nodes := StartNodeWatch(ctx, c.Kubeconfig)
+	trafficCtx, stopTraffic := context.WithCancel(ctx)
+	histCh := make(chan *History, 1)
+	go func() { histCh <- traffic.Run(trafficCtx) }()
+
+	sleep(ctx, opts.Settle)
+	var heals []func(context.Context) error
+	var faulted []FaultRecord
+	for _, name := range faults {
+		f, _ := FaultByName(name)
+		start := time.Now()
+		heal, err := f.Inject(ctx, c.Local, rng, func(format string, args ...any) { res.step(name+": "+format, args...) })
+		res.fail("injecting "+name, err)
+		if heal != nil {
+			heals = append(heals, heal)
+		}
+		faulted = append(faulted, FaultRecord{Name: name, Start: start})
+	}
+	sleep(ctx, opts.Hold)
+	for i := len(heals) - 1; i >= 0; i-- {
+		res.fail("healing "+faults[i], heals[i](ctx))
+	}
+	for i := range faulted {
+		faulted[i].End = time.Now()
+	}
+	took, err := CheckWritesResume(ctx, c.Kubeconfig, 5*time.Second)
+	res.fail("writes after the faults healed", err)
+	res.step("writes resumed %v after healing", took.Round(time.Millisecond))
+	sleep(ctx, opts.Settle)
+	stopTraffic()
+	hist := <-histCh
+	report := watchers.Stop()
+	res.counts = hist.Counts()
+	res.ops = len(hist.Ops)
+
+	viz := ""
+	if opts.ReportDir != "" {
+		viz = filepath.Join(opts.ReportDir, fmt.Sprintf("round-%d-seed-%d.html", round, seed))
+	}
+	res.fail("linearizability", CheckLinearizable(hist, time.Minute, viz))
+	res.fail("list freshness", CheckListFreshness(hist))
+	final, err := traffic.ReadFinal(ctx)
+	res.fail("reading the final state", err)
+	if err == nil {
+		res.fail("lost writes", CheckNoLostWrites(hist, final))
+	}
+	res.fail("watches", report.Check())
+	res.fail("replica convergence", CheckConvergence(ctx, c.Kubeconfig, 10*time.Second))
+	res.fail("nodes", nodes.Check(faulted))
+	sleep(ctx, 2*time.Second) // watches and informers of the round wind down
+	res.fail("goroutines", CheckGoroutines(ctx, c.Kubeconfig, before, 300))
+	return res
+}
+
+// FaultRecord is when a fault of a round was in force, for the node checks.
+type FaultRecord struct {
+	Name       string
+	Start, End time.Time
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+var _ = errors.New
