@@ -23,8 +23,9 @@ lint:
 # The full test suite: lint, unit and cluster tests with the race detector, process-level tests against the
 # built binary, and a short smoke of the chaos and benchmark suites.
 test: setup build lint
-	$(GO) test -race -count=1 -timeout 15m ./fsm/... ./raftnode/... ./config/... ./gossip/... ./server/... ./apiserver/... ./scheduler/... ./controller/... ./nodeagent/... ./internal/...
+	$(GO) test -race -count=1 -timeout 15m -skip '^(TestChaos|TestFaults)$$' ./fsm/... ./raftnode/... ./config/... ./gossip/... ./server/... ./apiserver/... ./scheduler/... ./controller/... ./nodeagent/... ./internal/... ./chaos/...
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m ./e2e/...
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestChaos$$' -timeout 15m ./chaos/ -args -chaos.rounds=3 -chaos.plan=$(CHAOS_SMOKE_PLAN)
 	$(MAKE) --no-print-directory smoke
 
 smoke:
@@ -55,11 +56,21 @@ bench: setup build
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NetworkProgramming|ClusterDNS' -benchtime 1x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench '^Benchmark(Exec|LogsFollow|PortForward)$$' -benchtime 1x -timeout 30m ./bench/
 
-# Longer fault suites: many chaos rounds and many randomized bootstrap start orders.
+# The chaos suite's smoke in `make test`: three rounds, three kinds of fault.
+CHAOS_SMOKE_PLAN := kill-leader,partition-leader,pause-leader
+# `make chaos`: every fault, at least 100 leader kills, 50 partitions, 20 pauses, 20 interrupted transfers,
+# 10 snapshot installs and 5 full crashes, two faults a round (about an hour). CHAOS_SEED=N replays a run.
+CHAOS_PLAN := kill-leader=100,partition-leader=15,partition-minority=15,partition-agents=10,partition-oneway=10,pause-leader=20,interrupted-transfer=20,snapshot-install=10,full-crash=5,netem=5,disk-full=3,kill-server=5,kill-agent=5
+CHAOS_SEED ?= 0
+
+# Longer fault suites: the process-level chaos suite, each fault injected and healed on its own, the
+# in-process Raft chaos test, and many randomized bootstrap start orders.
 chaos: setup build
 	$(GO) test -race -count=1 -run 'TestChaos' -timeout 30m ./raftnode/ -args -chaos.rounds=60
 	$(GO) test -count=1 -run 'TestBootstrapRandomStartOrders' -timeout 30m ./server/ -args -bootstrap.trials=40
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=5 -timeout 30m ./e2e/...
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestFaults$$' -timeout 1h ./chaos/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestChaos$$' -timeout 3h ./chaos/ -args -chaos.rounds=112 -chaos.faults-per-round=2 -chaos.plan=$(CHAOS_PLAN) -chaos.seed=$(CHAOS_SEED)
 
 # A local HA cluster: three servers and two node agents, each in its own network namespace on this machine.
 # `make down` removes it (processes, pods, namespaces, the bridge) and its .skiff directory.
