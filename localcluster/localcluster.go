@@ -529,6 +529,8 @@ func Down(dir string) error {
 			errs = append(errs, signalAndWait(h.PID, syscall.SIGKILL, 5*time.Second))
 		}
 	}
+	// Data dirs the chaos suite moved onto loop filesystems go back before anything is removed.
+	errs = append(errs, ReleaseDataDirs(dir))
 	for i := range st.Hosts {
 		h := &st.Hosts[i]
 		if h.Role == "agent" {
