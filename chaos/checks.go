@@ -3,6 +3,7 @@ package chaos
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -635,7 +636,8 @@ func containerdRunning(ctx context.Context, socket string) ([]RunningContainer, 
 	for _, t := range tasks.GetTasks() {
 		switch t.GetStatus() {
 		case tasktypes.Status_RUNNING, tasktypes.Status_PAUSED, tasktypes.Status_PAUSING:
-			running[t.GetContainerID()] = true
+			// A task's ID is its container's; ContainerID is only set for exec processes.
+			running[cmp.Or(t.GetContainerID(), t.GetID())] = true
 		}
 	}
 	ctrs, err := client.ContainerService().List(ctx)

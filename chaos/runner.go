@@ -2,7 +2,6 @@ package chaos
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -222,6 +221,7 @@ func runRound(ctx context.Context, c *Cluster, opts Options, round int, seed uin
 		res.fail("lost writes", CheckNoLostWrites(hist, final))
 	}
 	res.fail("watches", report.Check())
+	res.fail("watches against the traffic", CheckWatchAgainstHistory(report, hist))
 	res.fail("replica convergence", CheckConvergence(ctx, c.Kubeconfig, 10*time.Second))
 	res.fail("nodes", nodes.Check(faulted))
 	sleep(ctx, 2*time.Second) // watches and informers of the round wind down
@@ -242,4 +242,3 @@ func sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
-var _ = errors.New

@@ -521,9 +521,8 @@ func (wt *watcher) run(ctx context.Context) {
 		wt.w.add(s)
 		wt.stream(ctx, s)
 		prev = s.ID
-		if rv := reachedRV(s); rv > last {
-			last = rv
-		}
+		// The next stream resumes where this one got to, even with nothing delivered.
+		last = max(last, s.StartRV, reachedRV(s))
 		switch {
 		case s.Gone():
 			last = 0
