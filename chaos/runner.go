@@ -174,7 +174,16 @@ func runRound(ctx context.Context, c *Cluster, opts Options, round int, seed uin
 		res.fail("starting watchers", err)
 		return res
 	}
+	defer traffic.Close()
 	nodes := StartNodeWatch(ctx, c.Kubeconfig)
+	defer nodes.Stop()
+	var pods *PodSampler
+	if c.Local != nil {
+		did, err := applyWorkload(ctx, c.Kubeconfig, rng)
+		res.fail("the workload", err)
+		res.step("%s", did)
+		pods = StartPodSampler(ctx, c.Local, workloadNamespace, []string{soloPod}, 500*time.Millisecond)
+	}
 	trafficCtx, stopTraffic := context.WithCancel(ctx)
 	histCh := make(chan *History, 1)
 	go func() { histCh <- traffic.Run(trafficCtx) }()
@@ -224,6 +233,9 @@ func runRound(ctx context.Context, c *Cluster, opts Options, round int, seed uin
 	res.fail("watches against the traffic", CheckWatchAgainstHistory(report, hist))
 	res.fail("replica convergence", CheckConvergence(ctx, c.Kubeconfig, 10*time.Second))
 	res.fail("nodes", nodes.Check(faulted))
+	if pods != nil {
+		res.fail("a pod running twice", pods.Stop())
+	}
 	sleep(ctx, 2*time.Second) // watches and informers of the round wind down
 	res.fail("goroutines", CheckGoroutines(ctx, c.Kubeconfig, before, 300))
 	return res
