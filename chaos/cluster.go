@@ -26,6 +26,9 @@ type Local struct {
 // Fault is one kind of failure the injector causes.
 type Fault struct {
 	Name string
+	// Alone marks a fault that needs a working cluster to inject (a leader to find, a server to restart, a
+	// namespace to write) or takes it all down: it is never combined with another in a round.
+	Alone bool
 	// Inject causes the fault, making its random choices with rng so that a seed replays a round, and returns
 	// how to heal it. logf records what it did for the round's report.
 	Inject func(ctx context.Context, c *Local, rng *rand.Rand, logf func(format string, args ...any)) (heal func(context.Context) error, err error)

@@ -51,10 +51,10 @@ var Faults = []Fault{
 	{Name: "partition-agents", Inject: partitionAgents},
 	{Name: "partition-oneway", Inject: partitionOneWay},
 	{Name: "netem", Inject: netem},
-	{Name: "interrupted-transfer", Inject: interruptedTransfer},
-	{Name: "snapshot-install", Inject: snapshotInstall},
-	{Name: "full-crash", Inject: fullCrash},
-	{Name: "disk-full", Inject: diskFull},
+	{Name: "interrupted-transfer", Alone: true, Inject: interruptedTransfer},
+	{Name: "snapshot-install", Alone: true, Inject: snapshotInstall},
+	{Name: "full-crash", Alone: true, Inject: fullCrash},
+	{Name: "disk-full", Alone: true, Inject: diskFull},
 }
 
 // FaultByName finds a fault of Faults.

@@ -98,10 +98,8 @@ func Run(ctx context.Context, c *Cluster, opts Options) (Summary, error) {
 	for r := 0; r < opts.Rounds && ctx.Err() == nil; r++ {
 		var faults []string
 		if c.Local != nil {
-			for range opts.FaultsPerRound {
-				faults = append(faults, plan[next%len(plan)])
-				next++
-			}
+			faults, plan = takeFaults(plan, next, opts.FaultsPerRound)
+			next += len(faults)
 		}
 		res := runRound(ctx, c, opts, r, opts.Seed+uint64(r), faults)
 		sum.Rounds++
@@ -124,6 +122,31 @@ func Run(ctx context.Context, c *Cluster, opts Options) (Summary, error) {
 	}
 	fmt.Fprintln(opts.Out, sum.String())
 	return sum, ctx.Err()
+}
+
+// takeFaults takes a round's faults from the plan, from position next (wrapping around): up to n of them,
+// or one that must run alone. A fault that must run alone and would join others is moved to the next
+// position, so that it opens the following round; the plan keeps every fault it had.
+func takeFaults(plan []string, next, n int) ([]string, []string) {
+	plan = slices.Clone(plan)
+	var out []string
+	for i := next; len(out) < n && i < next+len(plan); i++ {
+		name := plan[i%len(plan)]
+		f, _ := FaultByName(name)
+		switch {
+		case f.Alone && len(out) == 0:
+			return []string{name}, plan
+		case f.Alone:
+			continue // it opens a later round
+		}
+		if i%len(plan) != (next+len(out))%len(plan) {
+			// Bring it forward, past the lone faults it skipped, so that positions stay in order.
+			j, k := i%len(plan), (next+len(out))%len(plan)
+			plan[j], plan[k] = plan[k], plan[j]
+		}
+		out = append(out, name)
+	}
+	return out, plan
 }
 
 // roundResult is what one round saw.
