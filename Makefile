@@ -70,7 +70,7 @@ chaos: setup build
 	$(GO) test -count=1 -run 'TestBootstrapRandomStartOrders' -timeout 30m ./server/ -args -bootstrap.trials=40
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=5 -timeout 30m ./e2e/...
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestFaults$$' -timeout 1h ./chaos/
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestChaos$$' -timeout 3h ./chaos/ -args -chaos.rounds=112 -chaos.faults-per-round=2 -chaos.plan=$(CHAOS_PLAN) -chaos.seed=$(CHAOS_SEED)
+	rm -rf .chaos && mkdir -p .chaos && SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestChaos$$' -timeout 3h ./chaos/ -args -chaos.rounds=112 -chaos.faults-per-round=2 -chaos.plan=$(CHAOS_PLAN) -chaos.seed=$(CHAOS_SEED) -chaos.report-dir=$(CURDIR)/.chaos; status=$$?; cat .chaos/report.txt; exit $$status
 
 # A local HA cluster: three servers and two node agents, each in its own network namespace on this machine.
 # `make down` removes it (processes, pods, namespaces, the bridge) and its .skiff directory.

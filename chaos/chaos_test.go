@@ -5,6 +5,7 @@ import (
 	"flag"
 	"io"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -49,11 +50,15 @@ func TestChaos(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// The report (a line per round, the summary last) goes to stdout as it is written, or with -v to the log.
-	var out io.Writer = os.Stdout
-	if testing.Verbose() {
-		out = &testWriter{t: t}
+	// The report (a line per round, the summary last) goes to the test log, and to report.txt in the report
+	// directory, which `make chaos` prints whether the run passed or not (go test shows a passing test's log
+	// only with -v).
+	report, err := os.Create(filepath.Join(reportDir, "report.txt"))
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer report.Close()
+	out := io.MultiWriter(report, &testWriter{t: t})
 	ctx, cancel := context.WithTimeout(context.Background(), 23*time.Hour)
 	defer cancel()
 	sum, err := Run(ctx, c, Options{Rounds: *chaosRounds, Seed: seed, Plan: plan, FaultsPerRound: *chaosPerRound,
