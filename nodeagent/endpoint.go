@@ -163,8 +163,14 @@ func (e *endpoint) serveStream(op string, w http.ResponseWriter, r *http.Request
 	default:
 		id, err := runningContainerID(pod, r.PathValue("container"))
 		if err != nil {
-			writeError(w, err)
-			return
+			// The status this agent last saw may lag behind a container that has just started (`kubectl
+			// debug` attaches as soon as the status the servers hold says it runs): ask containerd.
+			latest, running := e.rt.latestAttempt(r.Context(), pod, r.PathValue("container"))
+			if !running {
+				writeError(w, err)
+				return
+			}
+			id = latest
 		}
 		tty := flag("tty")
 		stdin, stdout, stderr := flag("input"), flag("output"), flag("error") && !tty

@@ -75,6 +75,31 @@ func runningContainerID(pod *corev1.Pod, name string) (string, error) {
 	return "", badRequest("container %q in pod %q is not running", name, pod.Name)
 }
 
+// latestAttempt reads the newest attempt of a pod's container from containerd, without changing anything:
+// the runtime's own view, for when the pod's status (as the agent's informer last saw it) lags behind it.
+func (r *containerdRuntime) latestAttempt(ctx context.Context, pod *corev1.Pod, name string) (id string, running bool) {
+	cctx := r.ctx(context.WithoutCancel(ctx))
+	ctrs, err := r.client.Containers(cctx, fmt.Sprintf("labels.%q==%s,labels.%q==%s", labelPodUID, pod.UID, labelName, name))
+	if err != nil {
+		return "", false
+	}
+	best := -1
+	for _, c := range ctrs {
+		labels, err := c.Labels(cctx)
+		if err != nil || labels[labelKind] == kindSandbox {
+			continue
+		}
+		if a, err := strconv.Atoi(labels[labelAttempt]); err == nil && a > best {
+			best, id = a, c.ID()
+		}
+	}
+	if id == "" {
+		return "", false
+	}
+	return id, r.taskRunning(ctx, id)
+}
+
+// waitingReason words a waiting container's reason as the kubelet does for logs and exec.
 func waitingReason(w *corev1.ContainerStateWaiting) string {
 	switch w.Reason {
 	case "ErrImagePull":
@@ -147,6 +172,12 @@ func (e *endpoint) containerLogs(w http.ResponseWriter, r *http.Request) {
 	}
 	previous, _ := strconv.ParseBool(q.Get("previous"))
 	id, err := logContainer(pod, name, previous)
+	if err != nil && !previous {
+		// As for exec: the status seen here may not show a container that has just started.
+		if latest, _ := e.rt.latestAttempt(r.Context(), pod, name); latest != "" {
+			id, err = latest, nil
+		}
+	}
 	if err != nil {
 		writeError(w, err)
 		return
