@@ -112,7 +112,7 @@ func mapLeaderErr(err error) error {
 
 func (n *Node) status() StatusReply {
 	leader, _ := n.Leader()
-	r := StatusReply{ID: n.cfg.ID, LeaderID: leader, HasState: n.HasState()}
+	r := StatusReply{ID: n.cfg.ID, LeaderID: leader, HasState: n.HasState(), LastIndex: n.raft.LastIndex()}
 	if servers, err := n.Servers(); err == nil {
 		for _, s := range servers {
 			r.Servers = append(r.Servers, s.ID)

@@ -127,6 +127,13 @@ type Node struct {
 	// reads of n.raft after its assignment).
 	raftUp atomic.Bool
 
+	// Workarounds for open hashicorp/raft issues (upstream.go).
+	transferRefusedSince atomic.Int64  // #696: unix nanos of the first write refused in the current run, or 0
+	handingOff           atomic.Bool   // #696: a hand-off of stuck leadership is under way
+	askingSnapshot       atomic.Bool   // #697: a request for a snapshot past our log is under way
+	conflictWarned       atomic.Uint64 // #697: the snapshot index last warned about
+	snapshotPastMu       sync.Mutex    // #697: one snapshotPast at a time on the leader
+
 	removed     chan struct{}
 	removedOnce sync.Once
 	shutdown    chan struct{}
@@ -213,11 +220,13 @@ func (n *Node) open() error {
 	rc.BatchApplyCh = true
 	rc.MaxAppendEntries = 512
 	rc.ShutdownOnRemove = true
-	cached, err := raft.NewLogCache(1024, n.logs)
+	// The log store applies Rule 7 on snapshot installs, and the transport queues heartbeats to the main loop:
+	// workarounds for hashicorp/raft#697 and #695 (upstream.go).
+	cached, err := raft.NewLogCache(1024, logStore{BoltStore: n.logs, n: n})
 	if err != nil {
 		return err
 	}
-	n.raft, err = raft.NewRaft(rc, &raftFSM{n}, cached, n.logs, n.snaps, n.trans)
+	n.raft, err = raft.NewRaft(rc, &raftFSM{n}, cached, n.logs, n.snaps, mainLoopTransport{n.trans})
 	if err != nil {
 		return fmt.Errorf("starting raft: %w", err)
 	}
@@ -356,7 +365,10 @@ func (n *Node) applyLocal(ctx context.Context, data []byte) (fsm.Result, error) 
 		switch {
 		case errors.Is(err, errAwaitAbandoned):
 			return fsm.Result{}, fmt.Errorf("%w (%v)", ErrUnknownOutcome, ctx.Err())
-		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		case errors.Is(err, raft.ErrLeadershipTransferInProgress):
+			n.noteTransferRefusal() // hashicorp/raft#696
+			return fsm.Result{}, ErrNotLeader
+		case errors.Is(err, raft.ErrNotLeader):
 			return fsm.Result{}, ErrNotLeader
 		case errors.Is(err, raft.ErrRaftShutdown):
 			return fsm.Result{}, ErrShutdown
@@ -366,6 +378,7 @@ func (n *Node) applyLocal(ctx context.Context, data []byte) (fsm.Result, error) 
 			return fsm.Result{}, fmt.Errorf("%w (%v)", ErrUnknownOutcome, err)
 		}
 	}
+	n.transferRefusedSince.Store(0)
 	res, ok := f.Response().(fsm.Result)
 	if !ok {
 		return fsm.Result{}, fmt.Errorf("raftnode: unexpected FSM response %T", f.Response())
@@ -569,6 +582,7 @@ func (n *Node) leadershipLoop() {
 			n.stopLeading()
 			return
 		case isLeader := <-n.notifyCh:
+			n.transferRefusedSince.Store(0) // refusals of an earlier term tell nothing about this one
 			if isLeader {
 				n.startLeading()
 			} else {

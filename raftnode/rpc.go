@@ -41,7 +41,16 @@ type StatusReply struct {
 	LeaderID string
 	Servers  []string // IDs in the peer's latest configuration
 	HasState bool
+	// LastIndex is the index of the peer's last Raft log entry (or snapshot); zero from peers that predate it.
+	LastIndex uint64
 }
+
+// SnapshotPastArgs asks the leader for a snapshot whose last index is past Index: a follower whose log
+// conflicts with the snapshot it installed needs one (hashicorp/raft#697; see logStore).
+type SnapshotPastArgs struct{ Index uint64 }
+
+// SnapshotPastReply is the last index of the leader's newest snapshot.
+type SnapshotPastReply struct{ Index uint64 }
 
 // rpcService is the receiver registered with net/rpc. Method signatures follow net/rpc's rules.
 type rpcService struct{ n *Node }
@@ -92,6 +101,18 @@ func (s *rpcService) Status(args StatusArgs, reply *StatusReply) error {
 	}
 	*reply = s.n.status()
 	return nil
+}
+
+// SnapshotPast makes sure the leader's newest snapshot ends past args.Index.
+func (s *rpcService) SnapshotPast(args SnapshotPastArgs, reply *SnapshotPastReply) error {
+	if !s.n.raftUp.Load() {
+		return ErrNotLeader
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.n.cfg.ApplyTimeout)
+	defer cancel()
+	idx, err := s.n.snapshotPast(ctx, args.Index)
+	reply.Index = idx
+	return err
 }
 
 // Errors cross the RPC as strings; these are mapped back to their sentinel values so callers can use

@@ -57,6 +57,8 @@ func TestCluster(t testing.TB, n int, opts ...Option) *Cluster {
 		servers = append(servers, raftnode.Server{ID: cfg.ID, Address: cfg.BindAddr})
 	}
 	t.Cleanup(c.StopAll)
+	// Cleanups run last-in first-out: dials a test left held end before the peers stop.
+	t.Cleanup(c.Net.ReleaseAll)
 	for i := range c.cfgs {
 		c.Start(i)
 		if err := c.Node(i).Bootstrap(servers); err != nil {
@@ -212,16 +214,22 @@ func (c *Cluster) Put(i int, key, value string) (fsm.Result, error) {
 	return res, err
 }
 
-// Network is a loopback network whose links can be cut. Each peer dials through its own Layer.
+// Network is a loopback network whose links can be cut, one way or both, or made to hang. Each peer dials
+// through its own Layer.
 type Network struct {
 	mu      sync.Mutex
-	blocked map[[2]string]bool       // {from, to} listen addresses
-	conns   map[[2]string][]net.Conn // open connections by {dialer, target}
+	blocked map[[2]string]bool          // {from, to} listen addresses
+	holds   map[[2]string]chan struct{} // {from, to}: dials wait until the channel closes
+	held    map[[2]string]int           // dials waiting on a hold
+	conns   map[[2]string][]net.Conn    // open connections by {dialer, target}
 }
 
 // NewNetwork returns a fully connected network.
 func NewNetwork() *Network {
-	return &Network{blocked: map[[2]string]bool{}, conns: map[[2]string][]net.Conn{}}
+	return &Network{
+		blocked: map[[2]string]bool{}, holds: map[[2]string]chan struct{}{}, held: map[[2]string]int{},
+		conns: map[[2]string][]net.Conn{},
+	}
 }
 
 // Layer returns the connection layer of the peer listening on self.
@@ -230,15 +238,22 @@ func (nw *Network) Layer(self string) raftnode.Layer { return &netLayer{nw: nw, 
 // Partition cuts every link between the two groups of peers (by listen address), both ways, and closes the
 // connections already open across the cut.
 func (nw *Network) Partition(a, b []string) {
+	nw.Block(a, b)
+	nw.Block(b, a)
+}
+
+// Block cuts the links from the peers of from to the peers of to, one way: their dials fail and the
+// connections they opened close. Connections opened the other way stay up, so a peer of to still reaches a
+// peer of from (and gets its answers on that connection).
+func (nw *Network) Block(from, to []string) {
 	nw.mu.Lock()
 	var doomed []net.Conn
-	for _, x := range a {
-		for _, y := range b {
-			for _, k := range [][2]string{{x, y}, {y, x}} {
-				nw.blocked[k] = true
-				doomed = append(doomed, nw.conns[k]...)
-				delete(nw.conns, k)
-			}
+	for _, x := range from {
+		for _, y := range to {
+			k := [2]string{x, y}
+			nw.blocked[k] = true
+			doomed = append(doomed, nw.conns[k]...)
+			delete(nw.conns, k)
 		}
 	}
 	nw.mu.Unlock()
@@ -247,11 +262,55 @@ func (nw *Network) Partition(a, b []string) {
 	}
 }
 
-// Heal restores every link.
+// Heal restores every link cut by Partition or Block (holds stay until Release).
 func (nw *Network) Heal() {
 	nw.mu.Lock()
 	defer nw.mu.Unlock()
 	nw.blocked = map[[2]string]bool{}
+}
+
+// Hold makes the link from one peer to another hang, as when every packet is dropped: the connections the
+// first opened to the second close, and its new dials wait until Release (or their own timeout).
+func (nw *Network) Hold(from, to string) {
+	k := [2]string{from, to}
+	nw.mu.Lock()
+	if nw.holds[k] == nil {
+		nw.holds[k] = make(chan struct{})
+	}
+	doomed := nw.conns[k]
+	delete(nw.conns, k)
+	nw.mu.Unlock()
+	for _, c := range doomed {
+		c.Close()
+	}
+}
+
+// HeldDials returns how many dials from one peer to another are waiting on a hold.
+func (nw *Network) HeldDials(from, to string) int {
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	return nw.held[[2]string{from, to}]
+}
+
+// Release ends a hold: the waiting dials go ahead.
+func (nw *Network) Release(from, to string) {
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	k := [2]string{from, to}
+	if ch := nw.holds[k]; ch != nil {
+		close(ch)
+		delete(nw.holds, k)
+	}
+}
+
+// ReleaseAll ends every hold.
+func (nw *Network) ReleaseAll() {
+	nw.mu.Lock()
+	defer nw.mu.Unlock()
+	for k, ch := range nw.holds {
+		close(ch)
+		delete(nw.holds, k)
+	}
 }
 
 type netLayer struct {
@@ -264,8 +323,23 @@ func (l *netLayer) Listen(addr string) (net.Listener, error) { return net.Listen
 func (l *netLayer) Dial(addr string, timeout time.Duration) (net.Conn, error) {
 	k := [2]string{l.self, addr}
 	l.nw.mu.Lock()
-	blocked := l.nw.blocked[k]
+	blocked, hold := l.nw.blocked[k], l.nw.holds[k]
+	if hold != nil {
+		l.nw.held[k]++
+	}
 	l.nw.mu.Unlock()
+	if hold != nil {
+		t := time.NewTimer(timeout)
+		select {
+		case <-hold:
+		case <-t.C:
+		}
+		t.Stop()
+		l.nw.mu.Lock()
+		l.nw.held[k]--
+		blocked = blocked || l.nw.blocked[k] || l.nw.holds[k] != nil
+		l.nw.mu.Unlock()
+	}
 	if blocked {
 		return nil, fmt.Errorf("dial %s: network partitioned", addr)
 	}
@@ -275,7 +349,7 @@ func (l *netLayer) Dial(addr string, timeout time.Duration) (net.Conn, error) {
 	}
 	l.nw.mu.Lock()
 	defer l.nw.mu.Unlock()
-	if l.nw.blocked[k] {
+	if l.nw.blocked[k] || l.nw.holds[k] != nil {
 		conn.Close()
 		return nil, fmt.Errorf("dial %s: network partitioned", addr)
 	}

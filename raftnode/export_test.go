@@ -1,0 +1,33 @@
+package raftnode
+
+import "github.com/hashicorp/raft"
+
+// Test-only access to the hashicorp/raft instance behind a Node, for the regression tests of upstream raft
+// issues (upstream_test.go), which need to play a single RPC or read the raw Raft log.
+
+// RaftForTest returns the peer's raft instance.
+func (n *Node) RaftForTest() *raft.Raft { return n.raft }
+
+// RPCHeaderForTest is the header this peer puts on the Raft RPCs it sends.
+func (n *Node) RPCHeaderForTest() raft.RPCHeader { return n.rpcHeader() }
+
+// TransportForTest returns the peer's Raft transport, to send one RPC in its name.
+func (n *Node) TransportForTest() *raft.NetworkTransport { return n.trans }
+
+// LogForTest reads one entry of the peer's Raft log store.
+func (n *Node) LogForTest(index uint64) (*raft.Log, error) {
+	var l raft.Log
+	if err := n.logs.GetLog(index, &l); err != nil {
+		return nil, err
+	}
+	return &l, nil
+}
+
+// LogBoundsForTest returns the first and last index of the peer's Raft log store (0, 0 when empty).
+func (n *Node) LogBoundsForTest() (first, last uint64, err error) {
+	if first, err = n.logs.FirstIndex(); err != nil {
+		return 0, 0, err
+	}
+	last, err = n.logs.LastIndex()
+	return first, last, err
+}
