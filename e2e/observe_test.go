@@ -365,6 +365,21 @@ func TestLocalObserve(t *testing.T) {
 		if !strings.Contains(out, "/no/such/binary") && !strings.Contains(out, "no such file") {
 			t.Fatalf("kubectl exec of a missing binary says %q; want the binary's name or \"no such file\"", out)
 		}
+		// A client that goes away mid-stream leaves no process behind in the container.
+		lingering := k.start("exec", "talker", "-c", "c", "--", "sleep", "4242")
+		proctest.WaitFor(t, "the exec'd sleep running", 30*time.Second, func() error {
+			if ps := k.stdout("exec", "talker", "-c", "c", "--", "ps"); !strings.Contains(ps, "sleep 4242") {
+				return fmt.Errorf("not yet:\n%s", ps)
+			}
+			return nil
+		})
+		_ = lingering.cmd.Process.Kill()
+		proctest.WaitFor(t, "the exec'd sleep gone after its client was killed", 30*time.Second, func() error {
+			if ps := k.stdout("exec", "talker", "-c", "c", "--", "ps"); strings.Contains(ps, "sleep 4242") {
+				return fmt.Errorf("still running:\n%s", ps)
+			}
+			return nil
+		})
 	})
 
 	t.Run("exec terminal", func(t *testing.T) {
