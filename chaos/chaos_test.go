@@ -15,7 +15,7 @@ import (
 )
 
 var (
-	chaosRounds     = flag.Int("chaos.rounds", 3, "rounds to run")
+	chaosRounds     = flag.Int("chaos.rounds", 3, "rounds to run; 0: until every fault of the plan was injected once")
 	chaosSeed       = flag.Uint64("chaos.seed", 0, "the run's seed (0: from the clock); round r uses seed+r, which the report prints")
 	chaosPlan       = flag.String("chaos.plan", "kill-leader,partition-leader,pause-leader", "faults by name, with counts: kill-leader=100,partition-leader=20; \"all\" for each fault once")
 	chaosPerRound   = flag.Int("chaos.faults-per-round", 1, "faults injected together in a round")

@@ -631,7 +631,9 @@ func (l *Local) Leader(ctx context.Context) (string, error) {
 		wg.Wait()
 		votes := map[string]int{}
 		for _, name := range leaders {
-			if name != "" {
+			// Survivors go on naming a leader that was just killed or paused until they time out; a fault
+			// that targets the leader must find the live one.
+			if name != "" && l.State.Running(name) && !l.State.Paused(name) {
 				if votes[name]++; votes[name] > len(servers)/2 {
 					return name, nil
 				}

@@ -15,7 +15,8 @@ import (
 // Options say what a run does.
 type Options struct {
 	// Rounds is how many rounds run; each injects FaultsPerRound faults from the plan (none on a cluster the
-	// suite does not control).
+	// suite does not control). Zero on a cluster the suite controls: as many as it takes to inject every
+	// fault of the plan once.
 	Rounds int
 	// Seed makes a run reproducible: round r uses Seed+r for its traffic and its fault choices.
 	Seed uint64
@@ -95,7 +96,13 @@ func Run(ctx context.Context, c *Cluster, opts Options) (Summary, error) {
 	rng := rand.New(rand.NewPCG(opts.Seed, 0x5eed))
 	rng.Shuffle(len(plan), func(i, j int) { plan[i], plan[j] = plan[j], plan[i] })
 	next := 0
-	for r := 0; r < opts.Rounds && ctx.Err() == nil; r++ {
+	more := func(r int) bool {
+		if opts.Rounds == 0 && c.Local != nil {
+			return next < len(plan)
+		}
+		return r < opts.Rounds
+	}
+	for r := 0; more(r) && ctx.Err() == nil; r++ {
 		var faults []string
 		if c.Local != nil {
 			faults, plan = takeFaults(plan, next, opts.FaultsPerRound)
