@@ -15,6 +15,7 @@ import (
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -131,7 +132,22 @@ func (g *restOptionsGetter) decorate(config *storagebackend.ConfigForResource, p
 	return delegator, func() {
 		once.Do(func() {
 			delegator.Stop()
-			cacher.Stop()
+			// The library's Cacher.Stop waits for its reflector, which can be blocked for good sending a
+			// bookmark to the event channel that the cacher's dispatcher, already stopped, no longer drains
+			// (cacher.go processEvent). A stopping server must not hang on it: wait a bounded time.
+			stopped := make(chan struct{})
+			go func() {
+				cacher.Stop()
+				close(stopped)
+			}()
+			select {
+			case <-stopped:
+			case <-time.After(cacherStopTimeout):
+				klog.InfoS("the watch cache did not stop in time; leaving it", "resource", config.GroupResource)
+			}
 		})
 	}, nil
 }
+
+// cacherStopTimeout bounds how long a server's shutdown waits for one resource's watch cache.
+const cacherStopTimeout = 2 * time.Second
