@@ -50,7 +50,7 @@ func TestInFlightLimit(t *testing.T) {
 		f.Server.Token = &token
 	})
 	ctx := context.Background()
-	nodeConfig := rest.CopyConfig(peers[0].Config)
+	nodeConfig := rest.AnonymousClientConfig(peers[0].Config)
 	nodeConfig.BearerToken = join.BearerToken("node-1", token)
 	// Raw HTTP, because client-go retries 429s by itself.
 	httpClient, err := rest.HTTPClientFor(nodeConfig)
@@ -66,9 +66,11 @@ func TestInFlightLimit(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			body, _ := json.Marshal(&corev1.ConfigMap{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "ConfigMap"},
-				ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("cm-%d", i)}, Data: map[string]string{"k": strings.Repeat("v", 10000)}})
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, nodeConfig.Host+"/api/v1/namespaces/default/configmaps", bytes.NewReader(body))
+			// Events: a write a node may make.
+			body, _ := json.Marshal(&corev1.Event{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Event"},
+				ObjectMeta:     metav1.ObjectMeta{Name: fmt.Sprintf("ev-%d", i)},
+				InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: "node-1"}, Reason: "Test", Message: strings.Repeat("v", 10000)})
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, nodeConfig.Host+"/api/v1/namespaces/default/events", bytes.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
 			req.Header.Set("Authorization", "Bearer "+nodeConfig.BearerToken)
 			resp, err := httpClient.Do(req)
@@ -101,17 +103,17 @@ func TestInFlightLimit(t *testing.T) {
 		status.Reason != metav1.StatusReasonTooManyRequests {
 		t.Errorf("429 body %s (%v)", tooManyBody, err)
 	}
-	list, err := peers[0].Client.CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{})
+	list, err := peers[0].Client.CoreV1().Events("default").List(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	stored := 0
-	for _, cm := range list.Items {
-		if strings.HasPrefix(cm.Name, "cm-") {
+	for _, ev := range list.Items {
+		if strings.HasPrefix(ev.Name, "ev-") {
 			stored++
 		}
 	}
 	if stored != codes[http.StatusCreated] {
-		t.Errorf("%d ConfigMaps stored, %d creates acknowledged", stored, codes[http.StatusCreated])
+		t.Errorf("%d Events stored, %d creates acknowledged", stored, codes[http.StatusCreated])
 	}
 }

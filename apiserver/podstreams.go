@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -14,9 +15,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/conversion"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/proxy"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/apiserver/pkg/endpoints/filters"
+	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	genericrest "k8s.io/apiserver/pkg/registry/generic/rest"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -35,7 +40,42 @@ type agents struct {
 	// transport trusts the agents' serving certificates and presents the servers' client certificate; nil
 	// when the server has none, and then every streaming subresource answers 503.
 	transport http.RoundTripper
+	// authorizer checks that a stream opened by a GET (a WebSocket) is allowed as "create".
+	authorizer authorizer.Authorizer
 }
+
+// authorizeAsCreate authorizes a stream as "create" whichever method carries it: the request filter saw a
+// WebSocket's GET as "get", which "view"-like roles grant, and a stream into a container is a write
+// (kubernetes#133515; Kubernetes' AuthorizePodWebsocketUpgradeCreatePermission).
+func (a *agents) authorizeAsCreate(ctx context.Context) error {
+	info, ok := genericapirequest.RequestInfoFrom(ctx)
+	if !ok {
+		return apierrors.NewInternalError(errors.New("no request info in context"))
+	}
+	if info.Verb == "create" || a.authorizer == nil {
+		return nil
+	}
+	attrs, err := filters.GetAuthorizerAttributes(ctx)
+	if err != nil {
+		return apierrors.NewInternalError(fmt.Errorf("building authorizer attributes: %w", err))
+	}
+	decision, reason, err := a.authorizer.Authorize(ctx, verbOverride{Attributes: attrs, verb: "create"})
+	if err != nil {
+		return apierrors.NewInternalError(err)
+	}
+	if decision != authorizer.DecisionAllow {
+		return apierrors.NewForbidden(schema.GroupResource{Group: info.APIGroup, Resource: info.Resource}, info.Name, errors.New(reason))
+	}
+	return nil
+}
+
+// verbOverride is a request's attributes with another verb.
+type verbOverride struct {
+	authorizer.Attributes
+	verb string
+}
+
+func (v verbOverride) GetVerb() string { return v.verb }
 
 // pod reads a pod, 404 when it does not exist.
 func (a *agents) pod(ctx context.Context, name string) (*corev1.Pod, error) {
@@ -213,12 +253,13 @@ func (r *streamREST) NewConnectOptions() (runtime.Object, bool, string) {
 	return r.New(), false, ""
 }
 
-// ConnectMethods are GET (kubectl's WebSocket streams) and POST (SPDY). The authorizer sees a GET as "get":
-// Kubernetes authorizes exec, attach and portforward as "create" whichever method carries them
-// (kubernetes#133515), which the RBAC authorizer must do too once it enforces roles.
+// ConnectMethods are GET (kubectl's WebSocket streams) and POST (SPDY).
 func (r *streamREST) ConnectMethods() []string { return []string{"GET", "POST"} }
 
 func (r *streamREST) Connect(ctx context.Context, name string, options runtime.Object, responder rest.Responder) (http.Handler, error) {
+	if err := r.agents.authorizeAsCreate(ctx); err != nil {
+		return nil, err
+	}
 	pod, err := r.agents.pod(ctx, name)
 	if err != nil {
 		return nil, err

@@ -14,6 +14,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -42,10 +43,12 @@ type kind struct {
 	// its Node with capacity and conditions in one request.
 	statusOnCreate bool
 
-	defaults       func(obj runtime.Object)      // applied on create and update
-	prepareCreate  func(obj runtime.Object)      // after defaults, on create only
-	prepareUpdate  func(obj, old runtime.Object) // after defaults, on update only
-	validate       func(obj runtime.Object) field.ErrorList
+	defaults      func(obj runtime.Object)      // applied on create and update
+	prepareCreate func(obj runtime.Object)      // after defaults, on create only
+	prepareUpdate func(obj, old runtime.Object) // after defaults, on update only
+	validate      func(obj runtime.Object) field.ErrorList
+	// validateName checks metadata.name; a DNS subdomain when nil (RBAC names may hold colons).
+	validateName   apimachineryvalidation.ValidateNameFunc
 	validateCreate func(obj runtime.Object) field.ErrorList // on create only
 	validateUpdate func(obj, old runtime.Object) field.ErrorList
 	fields         func(obj runtime.Object) fields.Set // field-selector attributes beyond metadata.name/namespace
@@ -134,11 +137,15 @@ var kinds = []*kind{
 	{gv: coordinationv1.SchemeGroupVersion, resource: "leases", singular: "lease", namespaced: true, newFunc: obj[coordinationv1.Lease](), newListFunc: obj[coordinationv1.LeaseList](),
 		columns: []column{nameColumn, {name: "Holder", typ: "string", value: leaseHolder}, ageColumn}},
 
-	// rbac.authorization.k8s.io/v1: stored now, enforced by a later issue.
-	{gv: rbacv1.SchemeGroupVersion, resource: "roles", singular: "role", namespaced: true, newFunc: obj[rbacv1.Role](), newListFunc: obj[rbacv1.RoleList]()},
-	{gv: rbacv1.SchemeGroupVersion, resource: "rolebindings", singular: "rolebinding", namespaced: true, newFunc: obj[rbacv1.RoleBinding](), newListFunc: obj[rbacv1.RoleBindingList]()},
-	{gv: rbacv1.SchemeGroupVersion, resource: "clusterroles", singular: "clusterrole", newFunc: obj[rbacv1.ClusterRole](), newListFunc: obj[rbacv1.ClusterRoleList]()},
-	{gv: rbacv1.SchemeGroupVersion, resource: "clusterrolebindings", singular: "clusterrolebinding", newFunc: obj[rbacv1.ClusterRoleBinding](), newListFunc: obj[rbacv1.ClusterRoleBindingList]()},
+	// rbac.authorization.k8s.io/v1: validated by Kubernetes' own code (rbac.go), enforced by its authorizer.
+	{gv: rbacv1.SchemeGroupVersion, resource: "roles", singular: "role", namespaced: true, newFunc: obj[rbacv1.Role](), newListFunc: obj[rbacv1.RoleList](),
+		validateName: rbacNameFunc, validateCreate: validateRole, validateUpdate: validateRoleUpdate},
+	{gv: rbacv1.SchemeGroupVersion, resource: "rolebindings", singular: "rolebinding", namespaced: true, newFunc: obj[rbacv1.RoleBinding](), newListFunc: obj[rbacv1.RoleBindingList](),
+		validateName: rbacNameFunc, defaults: defaultRoleBinding, validateCreate: validateRoleBinding, validateUpdate: validateRoleBindingUpdate},
+	{gv: rbacv1.SchemeGroupVersion, resource: "clusterroles", singular: "clusterrole", newFunc: obj[rbacv1.ClusterRole](), newListFunc: obj[rbacv1.ClusterRoleList](),
+		validateName: rbacNameFunc, validateCreate: validateClusterRole, validateUpdate: validateClusterRoleUpdate},
+	{gv: rbacv1.SchemeGroupVersion, resource: "clusterrolebindings", singular: "clusterrolebinding", newFunc: obj[rbacv1.ClusterRoleBinding](), newListFunc: obj[rbacv1.ClusterRoleBindingList](),
+		validateName: rbacNameFunc, defaults: defaultClusterRoleBinding, validateCreate: validateClusterRoleBinding, validateUpdate: validateClusterRoleBindingUpdate},
 
 	// scheduling.k8s.io/v1
 	{gv: schedulingv1.SchemeGroupVersion, resource: "priorityclasses", singular: "priorityclass", newFunc: obj[schedulingv1.PriorityClass](), newListFunc: obj[schedulingv1.PriorityClassList](),

@@ -10,6 +10,7 @@ import (
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -60,8 +61,24 @@ func TestServiceAccountTokens(t *testing.T) {
 	if *tr.Spec.ExpirationSeconds != 3600 || len(tr.Spec.Audiences) != 1 {
 		t.Errorf("defaulted spec: %+v", tr.Spec)
 	}
+	// RBAC: nothing until a binding grants it.
+	if code := as(tr.Status.Token, 0); code != http.StatusForbidden {
+		t.Errorf("token without a binding: status %d, want 403", code)
+	}
+	if _, err := admin.RbacV1().RoleBindings("default").Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "robot-view"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "view"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "default", Name: "robot"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	for peer := range peers {
-		if code := as(tr.Status.Token, peer); code != http.StatusOK {
+		// Each peer's RBAC cache sees the binding shortly after it is written.
+		code := 0
+		for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if code = as(tr.Status.Token, peer); code == http.StatusOK {
+				break
+			}
+		}
+		if code != http.StatusOK {
 			t.Errorf("token through peer %d: status %d, want 200", peer+1, code)
 		}
 	}

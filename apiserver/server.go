@@ -3,6 +3,7 @@ package apiserver
 import (
 	"context"
 	"crypto/ecdsa"
+	"crypto/x509"
 	"fmt"
 	"net"
 	"net/http"
@@ -11,10 +12,13 @@ import (
 
 	"github.com/google/uuid"
 	authenticationv1 "k8s.io/api/authentication/v1"
+	authorizationv1 "k8s.io/api/authorization/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/namespace/lifecycle"
+	"k8s.io/apiserver/pkg/authentication/authenticator"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -37,11 +41,13 @@ const KubernetesVersion = "1.37"
 
 // Config is what one peer's API server needs.
 type Config struct {
-	Backend    raftstore.Backend
-	Listener   net.Listener // the API port
-	CertPEM    []byte       // serving certificate, issued by the cluster CA
-	KeyPEM     []byte
-	AdminToken string
+	Backend  raftstore.Backend
+	Listener net.Listener // the API port
+	CertPEM  []byte       // serving certificate, issued by the cluster CA
+	KeyPEM   []byte
+	// ClientCAPEM is the CA whose client certificates authenticate users (the cluster CA).
+	ClientCAPEM []byte
+	AdminToken  string
 	// JoinToken returns the token node agents join with; agents are refused while it returns "".
 	JoinToken func() string
 	// ServiceAccountKey returns the key service account tokens are signed with; while it fails, the
@@ -69,6 +75,8 @@ type Config struct {
 	DefaultTolerationSeconds *int64
 	// Metrics supplies the figures of the metrics.k8s.io API (kubectl top); the group is not served when nil.
 	Metrics MetricsSource
+	// RBACPolicyReady, if set, is called once this server has reconciled the bootstrap RBAC policy.
+	RBACPolicyReady func()
 }
 
 // Server is a running Kubernetes API on one peer.
@@ -118,16 +126,32 @@ func New(c Config) (*Server, error) {
 	if cfg.LoopbackClientConfig, err = cfg.SecureServing.NewLoopbackClientConfig(uuid.NewString(), loopbackCert); err != nil {
 		return nil, err
 	}
+	// Without a client CA (some tests), no client certificate authenticates.
+	clientCAVerify := func() (x509.VerifyOptions, bool) { return x509.VerifyOptions{}, false }
+	if len(c.ClientCAPEM) > 0 {
+		clientCA, err := dynamiccertificates.NewStaticCAContent("client-ca", c.ClientCAPEM)
+		if err != nil {
+			return nil, fmt.Errorf("client CA: %w", err)
+		}
+		cfg.SecureServing.ClientCA = clientCA
+		clientCAVerify = clientCA.VerifyOptions
+	}
 	saTokens := &serviceAccountTokens{key: c.ServiceAccountKey, now: time.Now, stores: map[string]*genericregistry.Store{}}
-	cfg.Authentication.Authenticator = requestAuthenticator(c.AdminToken, c.JoinToken, saTokens)
-	cfg.Authorization.Authorizer = authenticatedAuthorizer
-	genericapiserver.AuthorizeClientBearerToken(cfg.LoopbackClientConfig, &cfg.Authentication, &cfg.Authorization)
+	tokens := tokenAuthenticator(c.AdminToken, c.JoinToken, saTokens)
+	cfg.Authentication.Authenticator = requestAuthenticator(clientCAVerify, c.AdminToken, c.JoinToken, saTokens)
 
 	client, err := kubernetes.NewForConfig(cfg.LoopbackClientConfig)
 	if err != nil {
 		return nil, err
 	}
 	cfg.SharedInformerFactory = informers.NewSharedInformerFactory(client, 0)
+	authz, err := newAuthorization(cfg.SharedInformerFactory)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Authorization.Authorizer = authz.authorizer
+	cfg.RuleResolver = authz.rules
+	genericapiserver.AuthorizeClientBearerToken(cfg.LoopbackClientConfig, &cfg.Authentication, &cfg.Authorization)
 	tolerationSeconds := int64(300)
 	if c.DefaultTolerationSeconds != nil {
 		tolerationSeconds = *c.DefaultTolerationSeconds
@@ -164,9 +188,10 @@ func New(c Config) (*Server, error) {
 	}
 	getter := cfg.RESTOptionsGetter.(*restOptionsGetter)
 	getter.eventTTL = c.EventTTL
-	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens, c.AgentTransport, c.Metrics); err != nil {
+	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens, withAuthenticatedGroup(tokens), authz, c.AgentTransport, c.Metrics); err != nil {
 		return nil, err
 	}
+	generic.AddPostStartHookOrDie("rbac/bootstrap-roles", rbacPolicyHook(c.RBACPolicyReady))
 	for path, h := range c.Handlers {
 		if strings.HasSuffix(path, "/") {
 			generic.Handler.NonGoRestfulMux.HandlePrefix(path, h)
@@ -177,8 +202,8 @@ func New(c Config) (*Server, error) {
 	return &Server{generic: generic}, nil
 }
 
-// admissionChain runs the admission plugins: NamespaceLifecycle, from the library, Priority, which
-// resolves a pod's priorityClassName, and DefaultTolerationSeconds. Skiff's defaulting runs in each kind's strategy. A later issue adds ServiceAccount, LimitRanger, quota and
+// admissionChain runs the admission plugins: NamespaceLifecycle, from the library, NodeRestriction,
+// Priority, which resolves a pod's priorityClassName, and DefaultTolerationSeconds. Skiff's defaulting runs in each kind's strategy. A later issue adds ServiceAccount, LimitRanger, quota and
 // PodSecurity here.
 func admissionChain(client kubernetes.Interface, factory informers.SharedInformerFactory, tolerationSeconds int64) (admission.Interface, error) {
 	nl, err := lifecycle.NewLifecycle(sets.New(metav1.NamespaceDefault, metav1.NamespaceSystem, metav1.NamespacePublic))
@@ -190,11 +215,13 @@ func admissionChain(client kubernetes.Interface, factory informers.SharedInforme
 	if err := nl.ValidateInitialization(); err != nil {
 		return nil, err
 	}
-	return admission.NewChainHandler(nl, newPriorityAdmission(factory), newDefaultTolerationAdmission(tolerationSeconds)), nil
+	return admission.NewChainHandler(nl, newNodeRestriction(factory.Core().V1().Pods().Lister()), newPriorityAdmission(factory),
+		newDefaultTolerationAdmission(tolerationSeconds)), nil
 }
 
 // installAPIs installs every kind of the registry table, grouped by API group.
-func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet, saTokens *serviceAccountTokens, agentTransport http.RoundTripper, metrics MetricsSource) error {
+func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet, saTokens *serviceAccountTokens,
+	tokens authenticator.Token, authz *authorization, agentTransport http.RoundTripper, metrics MetricsSource) error {
 	groups := map[string]*genericapiserver.APIGroupInfo{}
 	var order []string
 	stores := map[string]*resource{}
@@ -234,14 +261,20 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 		saTokens.stores[kind] = stores[resource].Store
 	}
 	groups[""].VersionedResourcesStorageMap["v1"]["serviceaccounts/token"] = &tokenRequestREST{tokens: saTokens}
-	for path, st := range podStreamStorage(&agents{pods: stores["pods"].Store, nodes: stores["nodes"].Store, transport: agentTransport}) {
+	for path, st := range podStreamStorage(&agents{pods: stores["pods"].Store, nodes: stores["nodes"].Store, transport: agentTransport, authorizer: authz.authorizer}) {
 		groups[""].VersionedResourcesStorageMap["v1"][path] = st
 	}
-	// authentication.k8s.io holds no stored kind, only SelfSubjectReviews.
+	// RBAC writes are checked for escalation: no one grants what they do not hold.
+	for path, st := range wrapRBACEscalation(stores, authz.authorizer, newRBACStoreRuleResolver(stores)) {
+		groups[rbacv1.GroupName].VersionedResourcesStorageMap["v1"][path] = st
+	}
+	// authentication.k8s.io and authorization.k8s.io hold no stored kind, only reviews.
 	auth := genericapiserver.NewDefaultAPIGroupInfo(authenticationv1.GroupName, Scheme, ParameterCodec, Codecs)
-	auth.VersionedResourcesStorageMap["v1"] = map[string]rest.Storage{"selfsubjectreviews": selfSubjectReviewREST{}}
+	auth.VersionedResourcesStorageMap["v1"] = map[string]rest.Storage{"selfsubjectreviews": selfSubjectReviewREST{}, "tokenreviews": &tokenReviewREST{tokens: tokens}}
 	groups[authenticationv1.GroupName] = &auth
-	order = append(order, authenticationv1.GroupName)
+	reviews := authorizationAPIGroup(authz.authorizer, authz.rules)
+	groups[authorizationv1.GroupName] = &reviews
+	order = append(order, authenticationv1.GroupName, authorizationv1.GroupName)
 	if metrics != nil {
 		groups[metricsv1beta1.GroupName] = metricsAPIGroup(metrics, stores["pods"], stores["nodes"])
 		order = append(order, metricsv1beta1.GroupName)

@@ -88,7 +88,7 @@ func hasSpec(obj runtime.Object) bool {
 }
 
 func (s strategy) Validate(ctx context.Context, obj runtime.Object) field.ErrorList {
-	errs := validateMeta(obj, s.k.namespaced)
+	errs := s.k.validateMeta(obj)
 	if s.k.validate != nil {
 		errs = append(errs, s.k.validate(obj)...)
 	}
@@ -102,7 +102,7 @@ func (s strategy) ValidateUpdate(ctx context.Context, obj, old runtime.Object) f
 	newMeta, _ := meta.Accessor(obj)
 	oldMeta, _ := meta.Accessor(old)
 	errs := apimachineryvalidation.ValidateObjectMetaAccessorUpdate(newMeta, oldMeta, field.NewPath("metadata"))
-	errs = append(errs, validateMeta(obj, s.k.namespaced)...)
+	errs = append(errs, s.k.validateMeta(obj)...)
 	if s.k.validate != nil {
 		errs = append(errs, s.k.validate(obj)...)
 	}
@@ -176,12 +176,16 @@ func copyField(dst, src runtime.Object, name string) {
 	}
 }
 
-func validateMeta(obj runtime.Object, namespaced bool) field.ErrorList {
+func (k *kind) validateMeta(obj runtime.Object) field.ErrorList {
 	m, err := meta.Accessor(obj)
 	if err != nil {
 		return field.ErrorList{field.InternalError(field.NewPath("metadata"), err)}
 	}
-	return apimachineryvalidation.ValidateObjectMetaAccessor(m, namespaced, apimachineryvalidation.NameIsDNSSubdomain, field.NewPath("metadata"))
+	name := apimachineryvalidation.NameIsDNSSubdomain
+	if k.validateName != nil {
+		name = k.validateName
+	}
+	return apimachineryvalidation.ValidateObjectMetaAccessor(m, k.namespaced, name, field.NewPath("metadata"))
 }
 
 // attrFunc returns the labels and the fields a field selector may use: metadata.name and

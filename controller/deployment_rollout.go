@@ -2,7 +2,6 @@ package controller
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"reflect"
 	"strconv"
@@ -35,24 +34,24 @@ func (s *deploymentSync) writeStatus(ctx context.Context) error {
 }
 
 // setRevision copies the new ReplicaSet's revision to the Deployment's annotation, where kubectl reads it.
-// It is a metadata change, which the status subresource does not take, so it goes by a patch of the
-// Deployment; the status the sync has computed so far is kept.
+// It is a metadata change, which the status subresource does not take, so it goes by an update of the
+// Deployment (the verb Kubernetes' deployment-controller role grants); the status the sync has computed so
+// far is kept.
 func (s *deploymentSync) setRevision(ctx context.Context, rev string) error {
 	if rev == "" || s.d.Annotations[revisionAnnotation] == rev {
 		return nil
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{
-		"uid": s.d.UID, "annotations": map[string]string{revisionAnnotation: rev},
-	}})
-	if err != nil {
-		return err
+	d := s.d.DeepCopy()
+	if d.Annotations == nil {
+		d.Annotations = map[string]string{}
 	}
-	patched, err := s.dc.kube.AppsV1().Deployments(s.d.Namespace).Patch(ctx, s.d.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	d.Annotations[revisionAnnotation] = rev
+	updated, err := s.dc.kube.AppsV1().Deployments(d.Namespace).Update(ctx, d, metav1.UpdateOptions{})
 	if err != nil {
 		return err
 	}
 	status := s.d.Status
-	s.d = patched
+	s.d = updated
 	s.d.Status = status
 	return nil
 }

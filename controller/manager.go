@@ -30,29 +30,60 @@ type Clients struct {
 	// Members is the gossip pool, for the node lifecycle controller; nil turns it off.
 	Members       Members
 	NodeLifecycle NodeLifecycleConfig
+	// ConfigFor, when set, gives the configuration each controller acts with: that of its service account in
+	// kube-system (Kubernetes' names, so the bootstrap RBAC policy bounds it), as kube-controller-manager
+	// does with --use-service-account-credentials. The shared informers keep the manager's own identity.
+	ConfigFor func(serviceAccount string) (*rest.Config, error)
 
 	broadcaster record.EventBroadcaster
 }
 
 // NewClients builds the clients for a rest config.
 func NewClients(cfg *rest.Config, logger hclog.Logger) (*Clients, error) {
+	c := &Clients{Logger: logger}
+	if err := c.connect(cfg); err != nil {
+		return nil, err
+	}
+	c.Informers = informers.NewSharedInformerFactory(c.Kube, 0)
+	return c, nil
+}
+
+// connect sets the clients, the event broadcaster and the recorder that act through cfg.
+func (c *Clients) connect(cfg *rest.Config) error {
 	kube, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	dyn, err := dynamic.NewForConfig(cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	meta, err := metadata.NewForConfig(cfg)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
-	recorder := broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "node-controller"})
-	return &Clients{Kube: kube, Dynamic: dyn, Metadata: meta, Discovery: kube.Discovery(), Informers: informers.NewSharedInformerFactory(kube, 0),
-		Recorder: recorder, Logger: logger, broadcaster: broadcaster}, nil
+	c.Kube, c.Dynamic, c.Metadata, c.Discovery = kube, dyn, meta, kube.Discovery()
+	c.broadcaster = broadcaster
+	c.Recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "node-controller"})
+	return nil
+}
+
+// actingAs is a copy of the clients that acts as a controller's service account, sharing the informers.
+func (c *Clients) actingAs(serviceAccount string) (*Clients, error) {
+	if c.ConfigFor == nil {
+		return c, nil
+	}
+	cfg, err := c.ConfigFor(serviceAccount)
+	if err != nil {
+		return nil, err
+	}
+	own := *c
+	if err := own.connect(cfg); err != nil {
+		return nil, err
+	}
+	return &own, nil
 }
 
 // recorderFor is an event recorder whose events name component as their source, as each of Kubernetes'
@@ -67,16 +98,19 @@ func (c *Clients) recorderFor(component string) record.EventRecorder {
 // controllers is the table of controllers the manager runs.
 var controllers = []struct {
 	name string
-	run  func(ctx context.Context, c *Clients)
+	// serviceAccount is the identity the controller acts as, Kubernetes' name for the same controller.
+	serviceAccount string
+	run            func(ctx context.Context, c *Clients)
 }{
-	{"namespace", runNamespaceController},
-	{"garbage-collector", runGarbageCollector},
-	{"serviceaccount", runServiceAccountController},
-	{"node-lifecycle", runNodeLifecycle},
-	{"replicaset", runReplicaSetController},
-	{"deployment", runDeploymentController},
-	{"endpointslice", runEndpointSliceController},
-	{"endpoints", runEndpointsController},
+	{"namespace", "namespace-controller", runNamespaceController},
+	{"garbage-collector", "generic-garbage-collector", runGarbageCollector},
+	{"serviceaccount", "service-account-controller", runServiceAccountController},
+	{"node-lifecycle", "node-controller", runNodeLifecycle},
+	{"replicaset", "replicaset-controller", runReplicaSetController},
+	{"deployment", "deployment-controller", runDeploymentController},
+	{"endpointslice", "endpointslice-controller", runEndpointSliceController},
+	{"endpoints", "endpoint-controller", runEndpointsController},
+	{"clusterrole-aggregation", "clusterrole-aggregation-controller", runClusterRoleAggregation},
 }
 
 // podsByNode names the pod informer's index by spec.nodeName.
@@ -102,8 +136,16 @@ func Run(ctx context.Context, c *Clients) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c.Logger.Info("controller starting", "controller", ctl.name)
-			ctl.run(ctx, c)
+			own, err := c.actingAs(ctl.serviceAccount)
+			if err != nil {
+				c.Logger.Error("controller not started: no clients for its identity", "controller", ctl.name, "error", err)
+				return
+			}
+			if own != c {
+				defer own.broadcaster.Shutdown()
+			}
+			c.Logger.Info("controller starting", "controller", ctl.name, "as", ctl.serviceAccount)
+			ctl.run(ctx, own)
 		}()
 	}
 	c.Informers.Start(ctx.Done())

@@ -2,7 +2,6 @@ package server
 
 import (
 	"crypto/ecdsa"
-	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
@@ -15,7 +14,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -140,48 +138,14 @@ func signLeaf(ca *x509.Certificate, caKey *ecdsa.PrivateKey, pub any, subject pk
 	return x509.CreateCertificate(rand.Reader, tmpl, ca, pub, caKey)
 }
 
-// agentClientCerts is the client certificate this server presents to agents (join.AgentClientCN), issued
-// by the cluster CA on first use and again when 80% of its life has passed.
-type agentClientCerts struct {
-	s    *Server
-	mu   sync.Mutex
-	cert *tls.Certificate
-}
-
 const agentClientCertLifetime = 30 * 24 * time.Hour
-
-func (c *agentClientCerts) get(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.cert != nil && time.Now().Before(c.cert.Leaf.NotBefore.Add(agentClientCertLifetime*8/10)) {
-		return c.cert, nil
-	}
-	_, ca, caKey, err := c.s.clusterCA()
-	if err != nil {
-		return nil, err
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return nil, err
-	}
-	der, err := signLeaf(ca, caKey, &key.PublicKey, pkix.Name{CommonName: join.AgentClientCN}, nil, nil, x509.ExtKeyUsageClientAuth, agentClientCertLifetime)
-	if err != nil {
-		return nil, err
-	}
-	leaf, err := x509.ParseCertificate(der)
-	if err != nil {
-		return nil, err
-	}
-	c.cert = &tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
-	return c.cert, nil
-}
 
 // agentTransport is how this server reaches agents' endpoints: it trusts the cluster CA (agents' serving
 // certificates) and presents the agent client certificate. Streams (exec, port-forward) upgrade over it.
 func (s *Server) agentTransport(caPEM []byte) *http.Transport {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(caPEM)
-	certs := &agentClientCerts{s: s}
+	certs := &clientCerts{s: s, subject: pkix.Name{CommonName: join.AgentClientCN}, lifetime: agentClientCertLifetime}
 	return &http.Transport{
 		Proxy:       nil,
 		DialContext: (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext,

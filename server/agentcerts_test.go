@@ -234,7 +234,7 @@ func TestAgentCertsOnAServer(t *testing.T) {
 	roots.AddCert(ca)
 
 	t.Run("client certificate", func(t *testing.T) {
-		certs := &agentClientCerts{s: s}
+		certs := &clientCerts{s: s, subject: pkix.Name{CommonName: join.AgentClientCN}, lifetime: agentClientCertLifetime}
 		cert, err := certs.get(nil)
 		if err != nil {
 			t.Fatal(err)
@@ -337,6 +337,11 @@ func TestAgentCertsOnAServer(t *testing.T) {
 		if joinToken == "" {
 			t.Fatal("no join token")
 		}
+		// The bootstrap RBAC policy, which lets nodes ask for serving certificates, is in place once ready.
+		rt.WaitFor(t, "readyz", 30*time.Second, func() error {
+			_, err := admin.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+			return err
+		})
 		key := newKey(t)
 		csrPEM := func(t *testing.T, cn string, org []string, dns []string, ips ...string) string {
 			t.Helper()
@@ -356,17 +361,24 @@ func TestAgentCertsOnAServer(t *testing.T) {
 			block.Bytes[len(block.Bytes)-1] ^= 0xff // the last byte of the signature
 			return string(pem.EncodeToMemory(block))
 		}
+		const adminCert = "(the admin kubeconfig's certificate)"
 		post := func(t *testing.T, method, bearer, body string) (int, string) {
 			t.Helper()
 			req, err := http.NewRequest(method, kc.host+join.ServingCertPath, strings.NewReader(body))
 			if err != nil {
 				t.Fatal(err)
 			}
-			if bearer != "" {
+			// The admin is known by the kubeconfig's certificate; anyone else by a bearer token or nothing.
+			client := kc.bare
+			switch bearer {
+			case adminCert:
+				client = kc.hc
+			case "":
+			default:
 				req.Header.Set("Authorization", "Bearer "+bearer)
 			}
 			req.Header.Set("Content-Type", "application/pkcs10")
-			resp, err := kc.hc.Do(req)
+			resp, err := client.Do(req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -424,7 +436,7 @@ func TestAgentCertsOnAServer(t *testing.T) {
 			wantCode int
 			wantMsg  string
 		}{
-			{"GET", http.MethodGet, agent1, func(*testing.T) string { return "" }, http.StatusMethodNotAllowed, "only POST"},
+			{"GET", http.MethodGet, agent1, func(*testing.T) string { return "" }, http.StatusForbidden, `cannot get path "/v1/agent/serving-certificate"`},
 			{"garbage", http.MethodPost, agent1, func(*testing.T) string { return "not a request" }, http.StatusBadRequest, "not a PEM CERTIFICATE REQUEST"},
 			{"a certificate instead", http.MethodPost, agent1, func(*testing.T) string { return string(caPEM) }, http.StatusBadRequest, "not a PEM CERTIFICATE REQUEST"},
 			{"PEM of garbage", http.MethodPost, agent1, func(*testing.T) string {
@@ -446,7 +458,7 @@ func TestAgentCertsOnAServer(t *testing.T) {
 			{"a node without a Node", http.MethodPost, join.BearerToken("ghost", joinToken), func(t *testing.T) string {
 				return csrPEM(t, "system:node:ghost", nodes, []string{"ghost"})
 			}, http.StatusForbidden, `node "ghost"`},
-			{"the admin", http.MethodPost, kc.token, func(t *testing.T) string {
+			{"the admin", http.MethodPost, adminCert, func(t *testing.T) string {
 				return csrPEM(t, "system:node:agent-1", nodes, []string{"agent-1"})
 			}, http.StatusForbidden, "only a node"},
 			{"a wrong join token", http.MethodPost, join.BearerToken("agent-1", "not-the-join-token"), func(t *testing.T) string {
@@ -475,10 +487,10 @@ func TestAgentCertsOnAServer(t *testing.T) {
 			})
 		}
 
-		// An anonymous request is stopped by the authorizer before the handler.
+		// An anonymous request is refused before the handler: only the public paths admit anonymous users.
 		code, body := post(t, http.MethodPost, "", csrPEM(t, "system:node:agent-1", nodes, []string{"agent-1"}))
-		if code != http.StatusForbidden || !strings.Contains(body, "system:anonymous") {
-			t.Fatalf("anonymous: %d %s, want 403", code, body)
+		if code != http.StatusUnauthorized {
+			t.Fatalf("anonymous: %d %s, want 401", code, body)
 		}
 	})
 }

@@ -14,6 +14,13 @@ type kcClient struct {
 	host  string
 	token string
 	hc    *http.Client
+	// bare trusts the same CA but presents no client certificate.
+	bare *http.Client
+}
+
+// withoutCert is the client with no client certificate: only its token, if any, says who it is.
+func (c *kcClient) withoutCert() *kcClient {
+	return &kcClient{host: c.host, token: c.token, hc: c.bare, bare: c.bare}
 }
 
 func loadKubeconfigClient(path string) (*kcClient, error) {
@@ -27,7 +34,11 @@ func loadKubeconfigClient(path string) (*kcClient, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &kcClient{host: cfg.Host, token: token, hc: hc}, nil
+	bare, err := rest.HTTPClientFor(rest.AnonymousClientConfig(cfg))
+	if err != nil {
+		return nil, err
+	}
+	return &kcClient{host: cfg.Host, token: token, hc: hc, bare: bare}, nil
 }
 
 func (c *kcClient) get(ctx context.Context, path string) (int, error) {

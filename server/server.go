@@ -5,6 +5,7 @@ import (
 	"crypto/ecdsa"
 	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509/pkix"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -19,6 +20,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/server/healthz"
 
 	"github.com/skiff-dev/skiff/apiserver"
@@ -44,6 +46,11 @@ type Server struct {
 	saKey    *ecdsa.PrivateKey
 	saKeyPEM []byte
 
+	// rbacPolicyReady is closed once this process's API server has reconciled the bootstrap RBAC policy; the
+	// scheduler and controllers wait for it.
+	rbacPolicyReady chan struct{}
+	rbacPolicyOnce  sync.Once
+
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
 	stopOnce sync.Once
@@ -62,7 +69,7 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, logger: logger, reg: prometheus.NewRegistry(), done: make(chan struct{})}
+	s := &Server{cfg: cfg, logger: logger, reg: prometheus.NewRegistry(), done: make(chan struct{}), rbacPolicyReady: make(chan struct{})}
 	rc := raftnode.DefaultConfig()
 	rc.ID = cfg.Name
 	rc.DataDir = cfg.DataDir
@@ -235,17 +242,20 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 	agentTransport := s.agentTransport(caPEM)
 	metrics := newMetricsScraper(&http.Client{Transport: agentTransport, Timeout: metricsScrapeTimeout}, s.nodeLister(ctx), nil, s.logger)
 	api, err := apiserver.New(apiserver.Config{
-		Backend: s.node, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM, AdminToken: token, JoinToken: s.joinToken, ServiceAccountKey: s.serviceAccountKey,
+		Backend: s.node, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM, ClientCAPEM: caPEM, AdminToken: token, JoinToken: s.joinToken, ServiceAccountKey: s.serviceAccountKey,
 		Handlers: map[string]http.Handler{
 			"/v1/operator/": s.operatorRoutes(), "/metrics": s.metricsHandler(), join.CAPath: s.caForAgents(caPEM),
 			join.ServingCertPath: http.HandlerFunc(s.signAgentServingCert),
 		},
 		AgentTransport: agentTransport,
 		Metrics:        metrics,
-		ReadyzChecks:   []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
-		ServiceCIDR:    s.cfg.ServiceCIDR,
-		ClusterCIDR:    s.cfg.ClusterCIDR,
-		EventTTL:       s.cfg.EventTTL,
+		RBACPolicyReady: func() {
+			s.rbacPolicyOnce.Do(func() { close(s.rbacPolicyReady) })
+		},
+		ReadyzChecks: []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
+		ServiceCIDR:  s.cfg.ServiceCIDR,
+		ClusterCIDR:  s.cfg.ClusterCIDR,
+		EventTTL:     s.cfg.EventTTL,
 
 		DefaultTolerationSeconds: &s.cfg.DefaultTolerationSeconds,
 
@@ -256,7 +266,7 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		s.logger.Error("building the API server", "error", err)
 		return
 	}
-	if err := WriteKubeconfig(s.KubeconfigPath(), "https://"+s.cfg.AdvertiseAPIAddr(), caPEM, token); err != nil {
+	if err := s.writeAdminCredentials("https://"+s.cfg.AdvertiseAPIAddr(), caPEM, token); err != nil {
 		s.logger.Error("writing admin kubeconfig", "error", err)
 	} else {
 		s.logger.Info("wrote admin kubeconfig", "path", s.KubeconfigPath())
@@ -277,8 +287,35 @@ func (s *Server) raftReady(r *http.Request) error {
 	return s.node.LinearizableRead(ctx)
 }
 
-// WriteKubeconfig writes a kubeconfig for the admin user, atomically and readable by its owner only.
-func WriteKubeconfig(path, server string, caPEM []byte, token string) error {
+// adminCertLifetime is how long the admin kubeconfig's certificate lives; every start of the server
+// writes a fresh one.
+const adminCertLifetime = 365 * 24 * time.Hour
+
+// AdminTokenPath is where, under the data dir, the server writes the admin bearer token, for operators who
+// prefer a token to the admin kubeconfig's certificate.
+const AdminTokenPath = "admin-token"
+
+// writeAdminCredentials writes admin.kubeconfig, with a client certificate from the cluster CA for
+// skiff-admin in system:masters (as kubeadm's admin.conf), and the admin token beside it.
+func (s *Server) writeAdminCredentials(server string, caPEM []byte, token string) error {
+	_, ca, caKey, err := s.clusterCA()
+	if err != nil {
+		return err
+	}
+	certPEM, keyPEM, err := issueClientCertPEM(ca, caKey, pkix.Name{CommonName: adminUser, Organization: []string{user.SystemPrivilegedGroup}}, adminCertLifetime)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(filepath.Join(s.cfg.DataDir, AdminTokenPath), []byte(token+"\n")); err != nil {
+		return err
+	}
+	return WriteKubeconfig(s.KubeconfigPath(), server, caPEM, certPEM, keyPEM)
+}
+
+// WriteKubeconfig writes a kubeconfig for a user with a client certificate, atomically and readable by its
+// owner only.
+func WriteKubeconfig(path, server string, caPEM, certPEM, keyPEM []byte) error {
+	b64 := base64.StdEncoding.EncodeToString
 	body := fmt.Sprintf(`apiVersion: v1
 kind: Config
 clusters:
@@ -295,10 +332,16 @@ current-context: skiff
 users:
 - name: admin
   user:
-    token: %s
-`, server, base64.StdEncoding.EncodeToString(caPEM), token)
+    client-certificate-data: %s
+    client-key-data: %s
+`, server, b64(caPEM), b64(certPEM), b64(keyPEM))
+	return writeFileAtomic(path, []byte(body))
+}
+
+// writeFileAtomic writes a file readable by its owner only, through a rename so readers never see half.
+func writeFileAtomic(path string, body []byte) error {
 	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(body), 0o600); err != nil {
+	if err := os.WriteFile(tmp, body, 0o600); err != nil {
 		return err
 	}
 	return os.Rename(tmp, path)

@@ -234,25 +234,34 @@ func (s *Server) renewLeaderLease(ctx context.Context, client kubernetes.Interfa
 	return err
 }
 
-// runControllers is a leader service: the controller manager, through this peer's API.
+// runControllers is a leader service: the controller manager, through this peer's API, as
+// system:kube-controller-manager, each controller as its own service account.
 func (s *Server) runControllers(ctx context.Context) {
-	cfg, err := s.adminRESTConfig(ctx)
+	cfg, err := s.identityRESTConfig(ctx, controllerManagerIdentity)
 	if err != nil {
 		return
 	}
+	cfg.UserAgent = "kube-controller-manager/" + s.cfg.Name
 	clients, err := controller.NewClients(cfg, s.logger.Named("controller"))
 	if err != nil {
 		s.logger.Error("building controller clients", "error", err)
 		return
+	}
+	clients.ConfigFor = func(serviceAccount string) (*rest.Config, error) {
+		cfg, err := s.identityRESTConfig(ctx, controllerIdentity(serviceAccount))
+		if err == nil {
+			cfg.UserAgent = "kube-controller-manager/" + s.cfg.Name + "/" + serviceAccount
+		}
+		return cfg, err
 	}
 	clients.Members = s.pool
 	clients.NodeLifecycle = controller.NodeLifecycleConfig{LeaseGrace: s.cfg.NodeLeaseGrace, PodGCTimeout: s.cfg.PodGCTimeout}
 	controller.Run(ctx, clients)
 }
 
-// runScheduler is a leader service: the scheduler, through this peer's API.
+// runScheduler is a leader service: the scheduler, through this peer's API, as system:kube-scheduler.
 func (s *Server) runScheduler(ctx context.Context) {
-	cfg, err := s.adminRESTConfig(ctx)
+	cfg, err := s.identityRESTConfig(ctx, schedulerIdentity)
 	if err != nil {
 		return
 	}

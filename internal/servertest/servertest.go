@@ -94,6 +94,10 @@ func waitForAPI(t testing.TB, kubeconfig string) (*rest.Config, kubernetes.Inter
 		client := kubernetes.NewForConfigOrDie(cfg)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_, lastErr = client.CoreV1().Namespaces().Get(ctx, "default", metav1.GetOptions{})
+		if lastErr == nil {
+			// Ready includes the bootstrap RBAC policy, which tests acting as other users need.
+			_, lastErr = client.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		}
 		cancel()
 		if lastErr == nil {
 			return cfg, client

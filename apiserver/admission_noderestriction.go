@@ -1,0 +1,288 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+
+	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/admission"
+	corev1listers "k8s.io/client-go/listers/core/v1"
+	kubeletapis "k8s.io/kubelet/pkg/apis"
+	"k8s.io/kubernetes/pkg/auth/nodeidentifier"
+)
+
+// nodeRestriction is Kubernetes' NodeRestriction admission, written again on v1 objects (the library's
+// casts to kube's internal types): a node, which the Node authorizer lets write Nodes, pods' status, leases and
+// tokens, may write only its own, may not change its taints, owners or the labels reserved to
+// administrators (node-restriction.kubernetes.io/ and unknown kubernetes.io/, k8s.io/ labels), and may not
+// create pods (Skiff runs no static pods, so there are no mirror pods).
+type nodeRestriction struct {
+	*admission.Handler
+	identifier nodeidentifier.NodeIdentifier
+	pods       corev1listers.PodLister
+}
+
+var _ admission.ValidationInterface = &nodeRestriction{}
+
+func newNodeRestriction(pods corev1listers.PodLister) *nodeRestriction {
+	return &nodeRestriction{
+		Handler:    admission.NewHandler(admission.Create, admission.Update, admission.Delete, admission.Connect),
+		identifier: nodeidentifier.NewDefaultNodeIdentifier(),
+		pods:       pods,
+	}
+}
+
+var (
+	podsResource   = corev1.Resource("pods")
+	nodesResource  = corev1.Resource("nodes")
+	pvcsResource   = corev1.Resource("persistentvolumeclaims")
+	saResource     = corev1.Resource("serviceaccounts")
+	leasesResource = schema.GroupResource{Group: coordinationv1.GroupName, Resource: "leases"}
+)
+
+func (p *nodeRestriction) Validate(ctx context.Context, a admission.Attributes, _ admission.ObjectInterfaces) error {
+	nodeName, isNode := p.identifier.NodeIdentity(a.GetUserInfo())
+	if !isNode {
+		return nil
+	}
+	if nodeName == "" {
+		return admission.NewForbidden(a, fmt.Errorf("could not determine node from user %q", a.GetUserInfo().GetName()))
+	}
+	switch a.GetResource().GroupResource() {
+	case podsResource:
+		switch a.GetSubresource() {
+		case "":
+			return p.admitPod(nodeName, a)
+		case "status":
+			return p.admitPodStatus(nodeName, a)
+		case "eviction":
+			return p.admitPodEviction(nodeName, a)
+		default:
+			return admission.NewForbidden(a, fmt.Errorf("unexpected pod subresource %q, only 'status' and 'eviction' are allowed", a.GetSubresource()))
+		}
+	case nodesResource:
+		return p.admitNode(nodeName, a)
+	case pvcsResource:
+		if a.GetSubresource() != "status" {
+			return admission.NewForbidden(a, fmt.Errorf("may only update PVC status"))
+		}
+		return nil
+	case saResource:
+		return p.admitServiceAccountToken(nodeName, a)
+	case leasesResource:
+		return admitNodeLease(nodeName, a)
+	}
+	return nil
+}
+
+// boundPod is a pod the request names, from the informer, as the library reads it.
+func (p *nodeRestriction) boundPod(a admission.Attributes, name string) (*corev1.Pod, error) {
+	pod, err := p.pods.Pods(a.GetNamespace()).Get(name)
+	if apierrors.IsNotFound(err) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, admission.NewForbidden(a, err)
+	}
+	return pod, nil
+}
+
+func (p *nodeRestriction) admitPod(nodeName string, a admission.Attributes) error {
+	switch a.GetOperation() {
+	case admission.Create:
+		pod, ok := a.GetObject().(*corev1.Pod)
+		if !ok {
+			return admission.NewForbidden(a, fmt.Errorf("unexpected type %T", a.GetObject()))
+		}
+		if _, mirror := pod.Annotations[corev1.MirrorPodAnnotationKey]; !mirror {
+			return admission.NewForbidden(a, fmt.Errorf("pod does not have %q annotation, node %q can only create mirror pods", corev1.MirrorPodAnnotationKey, nodeName))
+		}
+		return admission.NewForbidden(a, fmt.Errorf("node %q may not create mirror pods: Skiff runs no static pods", nodeName))
+	case admission.Delete:
+		pod, err := p.boundPod(a, a.GetName())
+		if err != nil {
+			return err
+		}
+		if pod.Spec.NodeName != nodeName {
+			return admission.NewForbidden(a, fmt.Errorf("node %q can only delete pods with spec.nodeName set to itself", nodeName))
+		}
+		return nil
+	default:
+		return admission.NewForbidden(a, fmt.Errorf("unexpected operation %q, node %q can only create and delete mirror pods", a.GetOperation(), nodeName))
+	}
+}
+
+func (p *nodeRestriction) admitPodStatus(nodeName string, a admission.Attributes) error {
+	if a.GetOperation() != admission.Update {
+		return admission.NewForbidden(a, fmt.Errorf("unexpected operation %q", a.GetOperation()))
+	}
+	oldPod, ok := a.GetOldObject().(*corev1.Pod)
+	if !ok {
+		return admission.NewForbidden(a, fmt.Errorf("unexpected type %T", a.GetOldObject()))
+	}
+	if oldPod.Spec.NodeName != nodeName {
+		return admission.NewForbidden(a, fmt.Errorf("node %q can only update pod status for pods with spec.nodeName set to itself", nodeName))
+	}
+	newPod, ok := a.GetObject().(*corev1.Pod)
+	if !ok {
+		return admission.NewForbidden(a, fmt.Errorf("unexpected type %T", a.GetObject()))
+	}
+	if !labels.Equals(oldPod.Labels, newPod.Labels) {
+		return admission.NewForbidden(a, fmt.Errorf("node %q cannot update labels through pod status", nodeName))
+	}
+	return nil
+}
+
+func (p *nodeRestriction) admitPodEviction(nodeName string, a admission.Attributes) error {
+	if a.GetOperation() != admission.Create {
+		return admission.NewForbidden(a, fmt.Errorf("unexpected operation %s", a.GetOperation()))
+	}
+	podName := a.GetName()
+	if podName == "" {
+		if eviction, ok := a.GetObject().(*policyv1.Eviction); ok {
+			podName = eviction.Name
+		}
+		if podName == "" {
+			return admission.NewForbidden(a, fmt.Errorf("could not determine pod from request data"))
+		}
+	}
+	pod, err := p.boundPod(a, podName)
+	if err != nil {
+		return err
+	}
+	if pod.Spec.NodeName != nodeName {
+		return admission.NewForbidden(a, fmt.Errorf("node %s can only evict pods with spec.nodeName set to itself", nodeName))
+	}
+	return nil
+}
+
+func (p *nodeRestriction) admitNode(nodeName string, a admission.Attributes) error {
+	if a.GetName() != nodeName {
+		return admission.NewForbidden(a, fmt.Errorf("node %q is not allowed to modify node %q", nodeName, a.GetName()))
+	}
+	switch a.GetOperation() {
+	case admission.Create:
+		node, ok := a.GetObject().(*corev1.Node)
+		if !ok {
+			return admission.NewForbidden(a, fmt.Errorf("unexpected type %T", a.GetObject()))
+		}
+		if node.Spec.ConfigSource != nil {
+			return admission.NewForbidden(a, fmt.Errorf("node %q is not allowed to create pods with a non-nil configSource", nodeName))
+		}
+		if forbidden := forbiddenNodeLabels(node.Labels, nil); len(forbidden) > 0 {
+			return admission.NewForbidden(a, fmt.Errorf("node %q is not allowed to set the following labels: %s", nodeName, strings.Join(forbidden, ", ")))
+		}
+	case admission.Update:
+		node, ok := a.GetObject().(*corev1.Node)
+		if !ok {
+			return admission.NewForbidden(a, fmt.Errorf("unexpected type %T", a.GetObject()))
+		}
+		old, ok := a.GetOldObject().(*corev1.Node)
+		if !ok {
+			return admission.NewForbidden(a, fmt.Errorf("unexpected type %T", a.GetOldObject()))
+		}
+		if node.Spec.ConfigSource != nil && !apiequality.Semantic.DeepEqual(node.Spec.ConfigSource, old.Spec.ConfigSource) {
+			return admission.NewForbidden(a, fmt.Errorf("node %q is not allowed to update configSource to a new non-nil configSource", nodeName))
+		}
+		if !apiequality.Semantic.DeepEqual(node.Spec.Taints, old.Spec.Taints) {
+			return admission.NewForbidden(a, fmt.Errorf("node %q is not allowed to modify taints", nodeName))
+		}
+		if !apiequality.Semantic.DeepEqual(node.OwnerReferences, old.OwnerReferences) {
+			return admission.NewForbidden(a, fmt.Errorf("node %q is not allowed to modify ownerReferences", nodeName))
+		}
+		if forbidden := forbiddenNodeLabels(node.Labels, old.Labels); len(forbidden) > 0 {
+			return admission.NewForbidden(a, fmt.Errorf("is not allowed to modify labels: %s", strings.Join(forbidden, ", ")))
+		}
+	}
+	return nil
+}
+
+// forbiddenNodeLabels are the labels that differ between two label sets and that a node may not set:
+// node-restriction.kubernetes.io/ ones, and kubernetes.io/ and k8s.io/ ones that are not the kubelet's own.
+func forbiddenNodeLabels(labels, old map[string]string) []string {
+	var forbidden []string
+	check := func(key string) {
+		if labels[key] == old[key] && hasKey(labels, key) == hasKey(old, key) {
+			return
+		}
+		prefix, _, ok := strings.Cut(key, "/")
+		if !ok {
+			return
+		}
+		restricted := prefix == corev1.LabelNamespaceNodeRestriction || strings.HasSuffix(prefix, "."+corev1.LabelNamespaceNodeRestriction)
+		kubernetes := prefix == "kubernetes.io" || strings.HasSuffix(prefix, ".kubernetes.io") || prefix == "k8s.io" || strings.HasSuffix(prefix, ".k8s.io")
+		if (restricted || (kubernetes && !kubeletapis.IsKubeletLabel(key))) && !slices.Contains(forbidden, key) {
+			forbidden = append(forbidden, key)
+		}
+	}
+	for key := range labels {
+		check(key)
+	}
+	for key := range old {
+		check(key)
+	}
+	slices.Sort(forbidden)
+	return forbidden
+}
+
+func hasKey(m map[string]string, key string) bool {
+	_, ok := m[key]
+	return ok
+}
+
+// admitServiceAccountToken lets a node request only tokens bound to a pod that runs on it.
+func (p *nodeRestriction) admitServiceAccountToken(nodeName string, a admission.Attributes) error {
+	if a.GetOperation() != admission.Create || a.GetSubresource() != "token" {
+		return nil
+	}
+	tr, ok := a.GetObject().(*authenticationv1.TokenRequest)
+	if !ok {
+		return admission.NewForbidden(a, fmt.Errorf("unexpected type %T", a.GetObject()))
+	}
+	ref := tr.Spec.BoundObjectRef
+	if ref == nil || ref.APIVersion != "v1" || ref.Kind != "Pod" || ref.Name == "" {
+		return admission.NewForbidden(a, fmt.Errorf("node requested token not bound to a pod"))
+	}
+	if ref.UID == "" {
+		return admission.NewForbidden(a, fmt.Errorf("node requested token with a pod binding without a uid"))
+	}
+	pod, err := p.boundPod(a, ref.Name)
+	if err != nil {
+		return err
+	}
+	if ref.UID != pod.UID {
+		return admission.NewForbidden(a, fmt.Errorf("the UID in the bound object reference (%s) does not match the UID in record. The object might have been deleted and then recreated", ref.UID))
+	}
+	if pod.Spec.NodeName != nodeName {
+		return admission.NewForbidden(a, fmt.Errorf("node requested token bound to a pod scheduled on a different node"))
+	}
+	return nil
+}
+
+// admitNodeLease lets a node touch only its own lease in kube-node-lease.
+func admitNodeLease(nodeName string, a admission.Attributes) error {
+	if a.GetNamespace() != corev1.NamespaceNodeLease {
+		return admission.NewForbidden(a, fmt.Errorf("can only access leases in the %q system namespace", corev1.NamespaceNodeLease))
+	}
+	name := a.GetName()
+	if a.GetOperation() == admission.Create {
+		lease, ok := a.GetObject().(*coordinationv1.Lease)
+		if !ok {
+			return admission.NewForbidden(a, fmt.Errorf("unexpected type %T", a.GetObject()))
+		}
+		name = lease.Name
+	}
+	if name != nodeName {
+		return admission.NewForbidden(a, fmt.Errorf("can only access node lease with the same name as the requesting node"))
+	}
+	return nil
+}

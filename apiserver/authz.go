@@ -1,0 +1,118 @@
+package apiserver
+
+import (
+	"context"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apiserver/pkg/authentication/user"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
+	"k8s.io/apiserver/pkg/authorization/union"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/kubernetes/pkg/auth/nodeidentifier"
+	"k8s.io/kubernetes/plugin/pkg/auth/authorizer/node"
+	"k8s.io/kubernetes/plugin/pkg/auth/authorizer/rbac"
+	"k8s.io/kubernetes/plugin/pkg/auth/authorizer/rbac/bootstrappolicy"
+
+	"github.com/skiff-dev/skiff/internal/join"
+)
+
+// authorization is who may do what, decided as kube-apiserver with --authorization-mode=Node,RBAC decides
+// it, by Kubernetes' own authorizers: the public health and version paths first, then system:masters, the
+// Node authorizer (a node reaches only what its pods use), and RBAC.
+type authorization struct {
+	authorizer authorizer.Authorizer
+	// rules enumerates a user's permissions (SelfSubjectRulesReview, kubectl auth can-i --list); system:masters
+	// holds cluster-admin through the bootstrap policy's binding, as in Kubernetes.
+	rules authorizer.RuleResolver
+}
+
+// newAuthorization builds the authorizers over informers of factory, which the API server starts after it
+// begins serving; until RBAC's caches fill, only system:masters (the loopback client among them) and the
+// public paths are allowed.
+func newAuthorization(factory informers.SharedInformerFactory) (*authorization, error) {
+	rbacInformers := factory.Rbac().V1()
+	roles := &rbac.RoleGetter{Lister: rbacInformers.Roles().Lister()}
+	roleBindings := &rbac.RoleBindingLister{Lister: rbacInformers.RoleBindings().Lister()}
+	clusterRoles := &rbac.ClusterRoleGetter{Lister: rbacInformers.ClusterRoles().Lister()}
+	clusterRoleBindings := &rbac.ClusterRoleBindingLister{Lister: rbacInformers.ClusterRoleBindings().Lister()}
+	rbacAuthorizer := rbac.New(roles, roleBindings, clusterRoles, clusterRoleBindings)
+
+	graph := node.NewGraph()
+	if err := feedNodeGraph(graph, factory); err != nil {
+		return nil, err
+	}
+	nodeAuthorizer := node.NewAuthorizer(graph, nodeidentifier.NewDefaultNodeIdentifier(), bootstrappolicy.NodeRules())
+	masters := authorizerfactory.NewPrivilegedGroups(user.SystemPrivilegedGroup)
+
+	a, err := union.New(
+		union.NamedAuthorizer{AuthorizerName: "public", Authorizer: publicPathAuthorizer},
+		union.NamedAuthorizer{AuthorizerName: "system:masters", Authorizer: masters},
+		union.NamedAuthorizer{AuthorizerName: "Node", Authorizer: nodeAuthorizer},
+		union.NamedAuthorizer{AuthorizerName: "RBAC", Authorizer: rbacAuthorizer},
+	)
+	if err != nil {
+		return nil, err
+	}
+	return &authorization{
+		authorizer: a,
+		rules:      union.NewRuleResolvers(nodeAuthorizer, rbacAuthorizer),
+	}, nil
+}
+
+// publicPaths are readable without credentials, as kube-apiserver's system:public-info-viewer role allows
+// (allowed here before RBAC's caches fill, so probes work from the start); the cluster CA is public too
+// (agents check it against the join token before trusting it).
+var publicPaths = []string{"/livez", "/readyz", "/healthz", "/version", join.CAPath}
+
+func isPublicPath(path string) bool {
+	for _, p := range publicPaths {
+		if path == p || strings.HasPrefix(path, p+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+var publicPathAuthorizer = authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
+	if !a.IsResourceRequest() && a.GetVerb() == "get" && isPublicPath(a.GetPath()) {
+		return authorizer.DecisionAllow, "", nil
+	}
+	return authorizer.DecisionNoOpinion, "", nil
+})
+
+// feedNodeGraph keeps the Node authorizer's graph of which pods run where and what they reference. Skiff
+// serves neither PersistentVolumes nor VolumeAttachments nor ResourceSlices yet, so the library's
+// AddGraphEventHandlers (which needs informers of all of them) is replaced by its pod half.
+func feedNodeGraph(graph *node.Graph, factory informers.SharedInformerFactory) error {
+	_, err := factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { addPodToGraph(graph, nil, obj.(*corev1.Pod)) },
+		UpdateFunc: func(oldObj, obj any) {
+			addPodToGraph(graph, oldObj.(*corev1.Pod), obj.(*corev1.Pod))
+		},
+		DeleteFunc: func(obj any) {
+			if tombstone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tombstone.Obj
+			}
+			if pod, ok := obj.(*corev1.Pod); ok && pod.Spec.NodeName != "" {
+				graph.DeletePod(pod.Name, pod.Namespace)
+			}
+		},
+	})
+	return err
+}
+
+// addPodToGraph adds a bound pod's edges; an update that changes neither the node, the UID nor the
+// ephemeral containers (the only references that can change) is skipped, as the library does.
+func addPodToGraph(graph *node.Graph, old, pod *corev1.Pod) {
+	if pod.Spec.NodeName == "" {
+		return
+	}
+	if old != nil && old.Spec.NodeName == pod.Spec.NodeName && old.UID == pod.UID &&
+		len(pod.Spec.EphemeralContainers) <= len(old.Spec.EphemeralContainers) {
+		return
+	}
+	graph.AddPod(pod)
+}

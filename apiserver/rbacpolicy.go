@@ -1,0 +1,133 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apiserver/pkg/authentication/user"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/component-helpers/auth/rbac/reconciliation"
+	"k8s.io/klog/v2"
+	rbachelpers "k8s.io/kubernetes/pkg/apis/rbac/v1"
+	"k8s.io/kubernetes/plugin/pkg/auth/authorizer/rbac/bootstrappolicy"
+
+	"github.com/skiff-dev/skiff/internal/join"
+)
+
+// skiffClusterRoles and skiffClusterRoleBindings are the policy Skiff adds to Kubernetes' own: a node
+// agent also runs the service proxy and cluster DNS, which in Kubernetes run as kube-proxy and CoreDNS, and
+// asks the servers for its endpoint's serving certificate; Skiff's scheduler reads PriorityClasses.
+var (
+	skiffClusterRoles = []rbacv1.ClusterRole{
+		{ObjectMeta: metav1.ObjectMeta{Name: "skiff:agent"}, Rules: []rbacv1.PolicyRule{
+			rbachelpers.NewRule("post").URLs(join.ServingCertPath).RuleOrDie(),
+		}},
+		// Skiff's scheduler reads PriorityClasses itself (preemption), which kube-scheduler's role does not grant.
+		{ObjectMeta: metav1.ObjectMeta{Name: "skiff:scheduler"}, Rules: []rbacv1.PolicyRule{
+			rbachelpers.NewRule("get", "list", "watch").Groups("scheduling.k8s.io").Resources("priorityclasses").RuleOrDie(),
+		}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "skiff:cluster-dns"}, Rules: []rbacv1.PolicyRule{
+			rbachelpers.NewRule("list", "watch").Groups("").Resources("endpoints", "services", "pods", "namespaces").RuleOrDie(),
+			rbachelpers.NewRule("list", "watch").Groups("discovery.k8s.io").Resources("endpointslices").RuleOrDie(),
+		}},
+	}
+	skiffClusterRoleBindings = []rbacv1.ClusterRoleBinding{
+		nodesBinding("skiff:agent", "skiff:agent"),
+		nodesBinding("skiff:node-proxier", "system:node-proxier"),
+		nodesBinding("skiff:cluster-dns", "skiff:cluster-dns"),
+		rbachelpers.NewClusterBinding("skiff:scheduler").Users(user.KubeScheduler).BindingOrDie(),
+	}
+)
+
+func nodesBinding(name, role string) rbacv1.ClusterRoleBinding {
+	b := rbachelpers.NewClusterBinding(role).Groups(user.NodesGroup).BindingOrDie()
+	b.Name = name
+	return b
+}
+
+// rbacPolicyHook reconciles Kubernetes' default roles and bindings (cluster-admin, admin, edit, view,
+// system:basic-user, system:discovery, the node, scheduler and controller roles...) and Skiff's own, as
+// kube-apiserver's rbac/bootstrap-roles hook does when a server starts: missing ones are created, missing
+// rules and subjects added, and objects annotated rbac.authorization.kubernetes.io/autoupdate=false are left
+// alone. It retries until it succeeds (writes wait for a Raft quorum), and /readyz fails until then. ready, if
+// set, is called once it has.
+func rbacPolicyHook(ready func()) genericapiserver.PostStartHookFunc {
+	return func(hook genericapiserver.PostStartHookContext) error {
+		cfg := rest.CopyConfig(hook.LoopbackClientConfig)
+		// The reconciliation's requests take no context: bound each, so that a shutdown is not held.
+		cfg.Timeout = 10 * time.Second
+		client, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return err
+		}
+		for {
+			err := reconcileRBACPolicy(hook, client)
+			if err == nil {
+				break
+			}
+			klog.InfoS("reconciling the RBAC bootstrap policy", "err", err)
+			select {
+			case <-hook.Done():
+				return nil
+			case <-time.After(time.Second):
+			}
+		}
+		klog.InfoS("RBAC bootstrap policy reconciled")
+		if ready != nil {
+			ready()
+		}
+		return nil
+	}
+}
+
+// reconcileRBACPolicy runs Kubernetes' reconciliation of every default role and binding once.
+func reconcileRBACPolicy(ctx context.Context, client kubernetes.Interface) error {
+	rbac := client.RbacV1()
+	var roles []reconciliation.ReconcileRoleOptions
+	for _, r := range append(append(bootstrappolicy.ClusterRoles(), bootstrappolicy.ControllerRoles()...), skiffClusterRoles...) {
+		roles = append(roles, reconciliation.ReconcileRoleOptions{Role: reconciliation.ClusterRoleRuleOwner{ClusterRole: &r},
+			Client: reconciliation.ClusterRoleModifier{Client: rbac.ClusterRoles()}, Confirm: true})
+	}
+	for _, namespaced := range bootstrappolicy.NamespaceRoles() {
+		for _, r := range namespaced {
+			roles = append(roles, reconciliation.ReconcileRoleOptions{Role: reconciliation.RoleRuleOwner{Role: &r},
+				Client: reconciliation.RoleModifier{Client: rbac, NamespaceClient: client.CoreV1().Namespaces()}, Confirm: true})
+		}
+	}
+	var bindings []reconciliation.ReconcileRoleBindingOptions
+	for _, b := range append(append(bootstrappolicy.ClusterRoleBindings(), bootstrappolicy.ControllerRoleBindings()...), skiffClusterRoleBindings...) {
+		bindings = append(bindings, reconciliation.ReconcileRoleBindingOptions{RoleBinding: reconciliation.ClusterRoleBindingAdapter{ClusterRoleBinding: &b},
+			Client: reconciliation.ClusterRoleBindingClientAdapter{Client: rbac.ClusterRoleBindings()}, Confirm: true})
+	}
+	for _, namespaced := range bootstrappolicy.NamespaceRoleBindings() {
+		for _, b := range namespaced {
+			bindings = append(bindings, reconciliation.ReconcileRoleBindingOptions{RoleBinding: reconciliation.RoleBindingAdapter{RoleBinding: &b},
+				Client: reconciliation.RoleBindingClientAdapter{Client: rbac, NamespaceClient: client.CoreV1().Namespaces()}, Confirm: true})
+		}
+	}
+	retriable := func(err error) bool { return apierrors.IsConflict(err) || apierrors.IsServiceUnavailable(err) }
+	for _, r := range roles {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := retry.OnError(retry.DefaultBackoff, retriable, func() error { _, err := r.Run(); return err }); err != nil {
+			return fmt.Errorf("role %s/%s: %w", r.Role.GetNamespace(), r.Role.GetName(), err)
+		}
+	}
+	for _, b := range bindings {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if err := retry.OnError(retry.DefaultBackoff, retriable, func() error { _, err := b.Run(); return err }); err != nil {
+			return fmt.Errorf("binding %s/%s: %w", b.RoleBinding.GetNamespace(), b.RoleBinding.GetName(), err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,228 @@
+package e2e
+
+import (
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/skiff-dev/skiff/internal/join"
+	"github.com/skiff-dev/skiff/internal/proctest"
+)
+
+// asToken is kubectl for a bearer token alone: a kubeconfig with the admin's server and CA, and no admin
+// credential a request could fall back on.
+func asToken(t *testing.T, admin kubectl, name, token string) kubectl {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(admin.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ctx := range cfg.Contexts {
+		cfg.AuthInfos[ctx.AuthInfo] = &clientcmdapi.AuthInfo{Token: token}
+	}
+	path := filepath.Join(t.TempDir(), name+".kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return kubectl{t: t, kubeconfig: path}
+}
+
+// forbidden runs kubectl, which must fail with a 403 whose message contains every want.
+func (k kubectl) forbidden(wants []string, args ...string) {
+	k.t.Helper()
+	out := k.fails(args...)
+	mustContain(k.t, "kubectl "+strings.Join(args, " "), strings.ToLower(out), "forbidden")
+	mustContain(k.t, "kubectl "+strings.Join(args, " "), out, wants...)
+}
+
+// TestAccessControl drives authentication, RBAC, the Node authorizer, NodeRestriction, escalation checks
+// and the review APIs with the stock kubectl against a server, each denial through the path that makes it.
+func TestAccessControl(t *testing.T) {
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		t.Skip("kubectl not installed")
+	}
+	c := proctest.NewCluster(t, 1, "")
+	p := c.Procs[0]
+	c.Start(p)
+	admin := kubectl{t: t, kubeconfig: p.Kubeconfig()}
+	admin.waitForAPI("kube-system")
+	// The bootstrap policy is reconciled by the leader once the API serves.
+	proctest.WaitFor(t, "the bootstrap RBAC policy", 60*time.Second, func() error {
+		for _, name := range []string{"clusterrole/cluster-admin", "clusterrole/view", "clusterrolebinding/system:basic-user", "clusterrole/skiff:agent"} {
+			if out, err := admin.run("get", name); err != nil {
+				return fmt.Errorf("%s: %s", name, out)
+			}
+		}
+		// view aggregates the rules of system:aggregate-to-view, through the aggregation controller.
+		if out, _ := admin.run("get", "clusterrole", "view", "-o", "jsonpath={.rules[*].resources}"); !strings.Contains(out, "pods") {
+			return fmt.Errorf("view has no aggregated rules yet: %q", out)
+		}
+		return nil
+	})
+
+	t.Run("admin is system:masters by certificate", func(t *testing.T) {
+		mustContain(t, "whoami", admin.ok("auth", "whoami"), "skiff-admin", "system:masters")
+		mustContain(t, "can-i", admin.ok("auth", "can-i", "delete", "nodes"), "yes")
+		// The admin token still works, for operators who prefer it.
+		token, err := os.ReadFile(filepath.Join(p.Dir, "admin-token"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mustContain(t, "token whoami", asToken(t, admin, "admin-token", strings.TrimSpace(string(token))).ok("auth", "whoami"), "skiff-admin")
+	})
+
+	t.Run("anonymous", func(t *testing.T) {
+		client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
+		server := apiAddr(t, admin.kubeconfig)
+		for path, want := range map[string]int{"/api/v1/namespaces/default/pods": 401, "/apis/rbac.authorization.k8s.io/v1/clusterroles": 401, "/healthz": 200, "/version": 200} {
+			resp, err := client.Get("https://" + server + path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != want {
+				t.Errorf("anonymous GET %s: %d, want %d", path, resp.StatusCode, want)
+			}
+		}
+		// A wrong token is refused, not treated as anonymous.
+		mustContain(t, "wrong token", asToken(t, admin, "wrong", "not-a-token").fails("get", "pods"), "Unauthorized")
+	})
+
+	admin.ok("create", "namespace", "team")
+	admin.ok("create", "namespace", "other")
+	admin.ok("create", "secret", "generic", "pw", "-n", "other", "--from-literal=k=v")
+	admin.ok("create", "secret", "generic", "mine", "-n", "team", "--from-literal=k=v")
+	admin.ok("create", "serviceaccount", "robot", "-n", "team")
+	robot := asToken(t, admin, "robot", strings.TrimSpace(admin.ok("create", "token", "robot", "-n", "team")))
+
+	t.Run("service account", func(t *testing.T) {
+		robot.forbidden([]string{`User "system:serviceaccount:team:robot" cannot list resource "secrets"`, `namespace "other"`}, "get", "secrets", "-n", "other")
+		robot.forbidden([]string{`cannot list resource "nodes"`}, "get", "nodes")
+		robot.forbidden([]string{`cannot list resource "pods"`}, "get", "pods", "-n", "team")
+		admin.ok("create", "rolebinding", "robot-view", "-n", "team", "--clusterrole=view", "--serviceaccount=team:robot")
+		proctest.WaitFor(t, "the view binding to take effect", 30*time.Second, func() error {
+			if out, err := robot.run("get", "pods", "-n", "team"); err != nil {
+				return fmt.Errorf("%s", out)
+			}
+			return nil
+		})
+		// view grants no Secrets, and nothing outside its namespace.
+		robot.forbidden([]string{`cannot list resource "secrets"`}, "get", "secrets", "-n", "team")
+		robot.forbidden([]string{`cannot list resource "pods"`}, "get", "pods", "-n", "other")
+		robot.forbidden([]string{`cannot create resource "pods"`}, "run", "x", "-n", "team", "--image=busybox")
+	})
+
+	t.Run("can-i", func(t *testing.T) {
+		mustContain(t, "as admin", admin.ok("auth", "can-i", "create", "pods", "-n", "team"), "yes")
+		sa := "system:serviceaccount:team:robot"
+		mustContain(t, "as sa, allowed", admin.ok("auth", "can-i", "list", "pods", "-n", "team", "--as", sa), "yes")
+		mustContain(t, "as sa, denied", admin.fails("auth", "can-i", "list", "secrets", "-n", "team", "--as", sa), "no")
+		mustContain(t, "as sa, other namespace", admin.fails("auth", "can-i", "get", "pods", "-n", "other", "--as", sa), "no")
+		list := admin.ok("auth", "can-i", "--list", "-n", "team", "--as", sa)
+		mustContain(t, "can-i --list", list, "pods", "deployments.apps", "selfsubjectaccessreviews.authorization.k8s.io")
+		if strings.Contains(list, "secrets ") {
+			t.Errorf("can-i --list shows secrets for a view binding:\n%s", list)
+		}
+		// The service account asks for itself.
+		mustContain(t, "self", robot.ok("auth", "can-i", "watch", "pods", "-n", "team"), "yes")
+		// Impersonating needs the impersonate verb.
+		robot.forbidden([]string{`User "system:serviceaccount:team:robot" cannot impersonate`}, "get", "pods", "-n", "team", "--as", "skiff-admin")
+	})
+
+	t.Run("escalation", func(t *testing.T) {
+		admin.ok("create", "rolebinding", "alice-edit", "-n", "team", "--clusterrole=edit", "--user=alice")
+		proctest.WaitFor(t, "alice's edit binding", 30*time.Second, func() error {
+			if out, err := admin.run("auth", "can-i", "create", "deployments", "-n", "team", "--as", "alice"); err != nil {
+				return fmt.Errorf("%s", out)
+			}
+			return nil
+		})
+		// edit grants no RBAC writes at all.
+		admin.forbidden([]string{`User "alice" cannot create resource "rolebindings"`},
+			"create", "rolebinding", "alice-admin", "-n", "team", "--clusterrole=admin", "--user=alice", "--as", "alice")
+		// Allowed to write RBAC objects, she still cannot grant what she does not hold.
+		admin.ok("create", "role", "rbac-writer", "-n", "team", "--verb=create,get,list", "--resource=roles.rbac.authorization.k8s.io,rolebindings.rbac.authorization.k8s.io")
+		admin.ok("create", "rolebinding", "alice-rbac-writer", "-n", "team", "--role=rbac-writer", "--user=alice")
+		proctest.WaitFor(t, "alice's rbac-writer binding", 30*time.Second, func() error {
+			if out, err := admin.run("auth", "can-i", "create", "rolebindings", "-n", "team", "--as", "alice"); err != nil {
+				return fmt.Errorf("%s", out)
+			}
+			return nil
+		})
+		grant := "is attempting to grant RBAC permissions not currently held"
+		admin.forbidden([]string{`rolebindings.rbac.authorization.k8s.io "alice-admin" is forbidden: user "alice"`, grant},
+			"create", "rolebinding", "alice-admin", "-n", "team", "--clusterrole=admin", "--user=alice", "--as", "alice")
+		admin.forbidden([]string{`roles.rbac.authorization.k8s.io "everything" is forbidden: user "alice"`, grant},
+			"create", "role", "everything", "-n", "team", "--verb=*", "--resource=pods", "--as", "alice")
+		// What alice holds, she may grant.
+		admin.ok("create", "role", "pod-reader", "-n", "team", "--verb=get,list", "--resource=pods", "--as", "alice")
+		admin.ok("create", "rolebinding", "bob-edit", "-n", "team", "--clusterrole=edit", "--user=bob", "--as", "alice")
+	})
+
+	t.Run("bad input", func(t *testing.T) {
+		for _, c := range []struct{ doc, want string }{
+			{"kind: Role\nmetadata: {name: no-verbs, namespace: team}\nrules: [{apiGroups: [''], resources: [pods], verbs: []}]", "rules[0].verbs: Required value"},
+			{"kind: Role\nmetadata: {name: blank-verb, namespace: team}\nrules: [{apiGroups: [''], resources: [pods], verbs: [get, '']}]", "rules[0].verbs[1]: Invalid value"},
+			{"kind: Role\nmetadata: {name: urls, namespace: team}\nrules: [{nonResourceURLs: [/healthz], verbs: [get]}]", "rules[0].nonResourceURLs: Invalid value"},
+			{"kind: RoleBinding\nmetadata: {name: to-a-pod, namespace: team}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: Pod, name: x}\nsubjects: [{kind: User, name: bob}]", "roleRef.kind: Unsupported value"},
+			{"kind: ClusterRoleBinding\nmetadata: {name: nobody-sa}\nroleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: view}\nsubjects: [{kind: ServiceAccount, name: robot}]", "subjects[0].namespace: Required value"},
+		} {
+			path := filepath.Join(t.TempDir(), "bad.yaml")
+			if err := os.WriteFile(path, []byte("apiVersion: rbac.authorization.k8s.io/v1\n"+c.doc+"\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			mustContain(t, c.want, admin.fails("create", "-f", path), "is invalid", c.want)
+		}
+	})
+
+	t.Run("nodes", func(t *testing.T) {
+		joinToken, err := os.ReadFile(filepath.Join(p.Dir, "join-token"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodeA := asToken(t, admin, "node-a", join.BearerToken("node-a", strings.TrimSpace(string(joinToken))))
+		nodeB := asToken(t, admin, "node-b", join.BearerToken("node-b", strings.TrimSpace(string(joinToken))))
+		for _, n := range []kubectl{nodeA, nodeB} {
+			name := strings.TrimSuffix(filepath.Base(n.kubeconfig), ".kubeconfig")
+			applyYAML(t, n, fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\n", name))
+		}
+		admin.ok("create", "secret", "generic", "a-secret", "-n", "team", "--from-literal=k=a")
+		admin.ok("create", "secret", "generic", "b-secret", "-n", "team", "--from-literal=k=b")
+		for _, n := range []string{"a", "b"} {
+			applyYAML(t, admin, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: uses-%[1]s, namespace: team}
+spec:
+  nodeName: node-%[1]s
+  containers:
+  - name: c
+    image: busybox
+    env: [{name: K, valueFrom: {secretKeyRef: {name: %[1]s-secret, key: k}}}]
+`, n))
+		}
+		proctest.WaitFor(t, "node-a to read its own pod's secret", 30*time.Second, func() error {
+			if out, err := nodeA.run("get", "secret", "a-secret", "-n", "team"); err != nil {
+				return fmt.Errorf("%s", out)
+			}
+			return nil
+		})
+		nodeA.forbidden([]string{`User "system:node:node-a" cannot get resource "secrets"`, "no relationship found between node 'node-a' and this object"},
+			"get", "secret", "b-secret", "-n", "team")
+		nodeA.forbidden([]string{`cannot list resource "secrets"`}, "get", "secrets", "-n", "team")
+		nodeA.forbidden([]string{`node "node-a" is not allowed to modify node "node-b"`}, "patch", "node", "node-b", "-p", `{"metadata":{"labels":{"x":"y"}}}`)
+		nodeA.forbidden([]string{`cannot delete resource "nodes"`}, "delete", "node", "node-a")
+		nodeA.forbidden([]string{"node-restriction.kubernetes.io/pool"}, "label", "node", "node-a", "node-restriction.kubernetes.io/pool=gold")
+		nodeA.ok("label", "node", "node-a", "example.com/rack=r1")
+		nodeA.forbidden([]string{`node "node-a" can only delete pods with spec.nodeName set to itself`}, "delete", "pod", "uses-b", "-n", "team")
+		nodeA.forbidden([]string{"can only create mirror pods"}, "run", "sneaky", "-n", "team", "--image=busybox", "--overrides", `{"spec":{"nodeName":"node-a"}}`)
+	})
+}
