@@ -11,11 +11,14 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/skiff-dev/skiff/fsm"
@@ -164,6 +167,12 @@ func BenchmarkAPI(b *testing.B) {
 	b.ReportMetric(rawServersMs, "raw-server-cpu-ms")
 	b.ReportMetric(rawClientMs, "raw-client-cpu-ms")
 
+	// The same creates by a service account that RBAC lets edit its namespace: the request path of a user
+	// who is not in system:masters (token authentication, the Node and RBAC authorizers).
+	rbacRate, rbacServersMs := rbacCreates(b, c, clients, n, conc)
+	b.ReportMetric(rbacRate, "rbac-pod-creates/s")
+	b.ReportMetric(rbacServersMs, "rbac-create-server-cpu-ms")
+
 	// Grow to the list size for the list measurement.
 	if n < *listPods {
 		run(b, conc, *listPods-n, func(w, i int) error {
@@ -194,6 +203,53 @@ func BenchmarkAPI(b *testing.B) {
 
 	b.ReportMetric(ms(watchFanout(b, clients, *watcherCount, 20)), "watch-p99-ms")
 	b.ReportMetric(0, "ns/op")
+}
+
+// rbacCreates creates n pods as a service account bound to edit in its namespace, through the three peers,
+// and returns the rate and the servers' CPU per create.
+func rbacCreates(b *testing.B, c *proctest.Cluster, admin []kubernetes.Interface, n, conc int) (float64, float64) {
+	ctx := context.Background()
+	const ns = "bench-rbac"
+	if _, err := admin[0].CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	if _, err := admin[0].CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "writer"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	if _, err := admin[0].RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "writer-edit"},
+		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit"},
+		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "writer"}}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	tr, err := admin[0].CoreV1().ServiceAccounts(ns).CreateToken(ctx, "writer", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var clients []kubernetes.Interface
+	for _, p := range c.Procs {
+		cfg, err := clientcmd.BuildConfigFromFlags("", p.Kubeconfig())
+		if err != nil {
+			b.Fatal(err)
+		}
+		cfg = rest.AnonymousClientConfig(cfg)
+		cfg.BearerToken = tr.Status.Token
+		cfg.QPS, cfg.Burst = -1, 0
+		cfg.ContentType = "application/vnd.kubernetes.protobuf"
+		client := kubernetes.NewForConfigOrDie(cfg)
+		proctest.WaitFor(b, p.Name+" RBAC binding", 30*time.Second, func() error {
+			_, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{Limit: 1})
+			return err
+		})
+		clients = append(clients, client)
+	}
+	cpu := startCPU(b, c)
+	rate, _, _ := run(b, conc, n, func(w, i int) error {
+		_, err := clients[w%3].CoreV1().Pods(ns).Create(ctx, benchPod(fmt.Sprintf("p-%06d", i)), metav1.CreateOptions{})
+		return err
+	})
+	_, serversMs := cpu.perOp(n)
+	b.Logf("pod creates as a service account with edit: %.0f/s, %.2f ms of server CPU per create", rate, serversMs)
+	return rate, serversMs
 }
 
 // watchFanout opens watchers spread over the peers, creates pods, and returns the p99 of the delay from each
