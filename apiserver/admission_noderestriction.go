@@ -9,9 +9,11 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/admission"
@@ -47,6 +49,8 @@ var (
 	pvcsResource   = corev1.Resource("persistentvolumeclaims")
 	saResource     = corev1.Resource("serviceaccounts")
 	leasesResource = schema.GroupResource{Group: coordinationv1.GroupName, Resource: "leases"}
+
+	endpointSlicesResource = schema.GroupResource{Group: discoveryv1.GroupName, Resource: "endpointslices"}
 )
 
 func (p *nodeRestriction) Validate(ctx context.Context, a admission.Attributes, _ admission.ObjectInterfaces) error {
@@ -80,6 +84,24 @@ func (p *nodeRestriction) Validate(ctx context.Context, a admission.Attributes, 
 		return p.admitServiceAccountToken(nodeName, a)
 	case leasesResource:
 		return admitNodeLease(nodeName, a)
+	case endpointSlicesResource:
+		return admitNodeDNSSlice(nodeName, a)
+	}
+	return nil
+}
+
+// nodeDNSSlicePrefix names the EndpointSlice of kube-dns in which an agent publishes its node's DNS
+// address: kube-dns-<node> (nodeagent/dns.SliceName).
+const nodeDNSSlicePrefix = "kube-dns-"
+
+// admitNodeDNSSlice lets a node write only its own kube-dns EndpointSlice in kube-system.
+func admitNodeDNSSlice(nodeName string, a admission.Attributes) error {
+	name := a.GetName()
+	if obj, ok := a.GetObject().(*discoveryv1.EndpointSlice); ok && a.GetOperation() == admission.Create {
+		name = obj.Name
+	}
+	if a.GetNamespace() != metav1.NamespaceSystem || name != nodeDNSSlicePrefix+nodeName {
+		return admission.NewForbidden(a, fmt.Errorf("node %q may only write the EndpointSlice %s/%s%s", nodeName, metav1.NamespaceSystem, nodeDNSSlicePrefix, nodeName))
 	}
 	return nil
 }

@@ -28,16 +28,28 @@ var (
 	skiffClusterRoles = []rbacv1.ClusterRole{
 		{ObjectMeta: metav1.ObjectMeta{Name: "skiff:agent"}, Rules: []rbacv1.PolicyRule{
 			rbachelpers.NewRule("post").URLs(join.ServingCertPath).RuleOrDie(),
+			// The servers publish the cluster's DNS address and domain in kube-system/skiff-cluster.
+			rbachelpers.NewRule("get", "list", "watch").Groups("").Resources("configmaps").Names("skiff-cluster").RuleOrDie(),
 		}},
 		// Skiff's scheduler reads PriorityClasses itself (preemption), which kube-scheduler's role does not grant.
 		{ObjectMeta: metav1.ObjectMeta{Name: "skiff:scheduler"}, Rules: []rbacv1.PolicyRule{
 			rbachelpers.NewRule("get", "list", "watch").Groups("scheduling.k8s.io").Resources("priorityclasses").RuleOrDie(),
+		}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "skiff:cluster-dns-endpoints"}, Rules: []rbacv1.PolicyRule{
+			rbachelpers.NewRule("get", "create", "update").Groups("discovery.k8s.io").Resources("endpointslices").RuleOrDie(),
 		}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "skiff:cluster-dns"}, Rules: []rbacv1.PolicyRule{
 			rbachelpers.NewRule("list", "watch").Groups("").Resources("endpoints", "services", "pods", "namespaces").RuleOrDie(),
 			rbachelpers.NewRule("list", "watch").Groups("discovery.k8s.io").Resources("endpointslices").RuleOrDie(),
 		}},
 	}
+	// skiffRoleBindings grant in one namespace: each agent publishes its node's cluster DNS address as an
+	// EndpointSlice of kube-dns in kube-system (NodeRestriction keeps each node to its own slice).
+	skiffRoleBindings = []rbacv1.RoleBinding{func() rbacv1.RoleBinding {
+		b := rbachelpers.NewRoleBinding("skiff:cluster-dns-endpoints", metav1.NamespaceSystem).Groups(user.NodesGroup).BindingOrDie()
+		b.RoleRef.Kind = "ClusterRole" // granted in kube-system only
+		return b
+	}()}
 	skiffClusterRoleBindings = []rbacv1.ClusterRoleBinding{
 		nodesBinding("skiff:agent", "skiff:agent"),
 		nodesBinding("skiff:node-proxier", "system:node-proxier"),
@@ -106,7 +118,11 @@ func reconcileRBACPolicy(ctx context.Context, client kubernetes.Interface) error
 		bindings = append(bindings, reconciliation.ReconcileRoleBindingOptions{RoleBinding: reconciliation.ClusterRoleBindingAdapter{ClusterRoleBinding: &b},
 			Client: reconciliation.ClusterRoleBindingClientAdapter{Client: rbac.ClusterRoleBindings()}, Confirm: true})
 	}
-	for _, namespaced := range bootstrappolicy.NamespaceRoleBindings() {
+	namespacedBindings := bootstrappolicy.NamespaceRoleBindings()
+	for _, b := range skiffRoleBindings {
+		namespacedBindings[b.Namespace] = append(namespacedBindings[b.Namespace], b)
+	}
+	for _, namespaced := range namespacedBindings {
 		for _, b := range namespaced {
 			bindings = append(bindings, reconciliation.ReconcileRoleBindingOptions{RoleBinding: reconciliation.RoleBindingAdapter{RoleBinding: &b},
 				Client: reconciliation.RoleBindingClientAdapter{Client: rbac, NamespaceClient: client.CoreV1().Namespaces()}, Confirm: true})

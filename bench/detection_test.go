@@ -70,7 +70,7 @@ func BenchmarkNodeDetection(b *testing.B) {
 	factory.Start(stop)
 	factory.WaitForCacheSync(stop)
 
-	agent := startGossipSimAgent(b, "detect", c.Procs[0].GossipAddr, ports[0], 1)
+	agent := startGossipSimAgent(b, "detect", c.Procs[0].GossipAddr, c.Procs[0].Kubeconfig(), ports[0], 1)
 	waitReady := func() {
 		proctest.WaitFor(b, "the agent's node Ready", 60*time.Second, func() error {
 			mu.Lock()
@@ -102,7 +102,7 @@ func BenchmarkNodeDetection(b *testing.B) {
 		mu.Lock()
 		times = append(times, unknownAt["detect"].Sub(killed))
 		mu.Unlock()
-		agent = startGossipSimAgent(b, "detect", c.Procs[0].GossipAddr, ports[0], 1)
+		agent = startGossipSimAgent(b, "detect", c.Procs[0].GossipAddr, c.Procs[0].Kubeconfig(), ports[0], 1)
 		waitReady()
 	}
 	b.StopTimer()
@@ -114,7 +114,7 @@ func BenchmarkNodeDetection(b *testing.B) {
 
 	// The leader's cost of one member hosting many nodes.
 	idleCPU, _ := processUsage(b, leader.PID(), 20*time.Second)
-	many := startGossipSimAgent(b, "many", c.Procs[0].GossipAddr, ports[1], *trackNodes)
+	many := startGossipSimAgent(b, "many", c.Procs[0].GossipAddr, c.Procs[0].Kubeconfig(), ports[1], *trackNodes)
 	proctest.WaitFor(b, fmt.Sprintf("%d nodes registered", *trackNodes), 5*time.Minute, func() error {
 		list, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{ResourceVersion: "0"})
 		if err != nil || len(list.Items) < *trackNodes+1 {
@@ -130,8 +130,9 @@ func BenchmarkNodeDetection(b *testing.B) {
 	_ = many
 }
 
-// startGossipSimAgent runs a simulated agent hosting n nodes that joins by retry_join only; killed at cleanup.
-func startGossipSimAgent(b *testing.B, name, join string, port, n int) *exec.Cmd {
+// startGossipSimAgent runs a simulated agent hosting n nodes that joins by retry_join only, acting as the
+// kubeconfig's user; killed at cleanup.
+func startGossipSimAgent(b *testing.B, name, join, kubeconfig string, port, n int) *exec.Cmd {
 	dir := b.TempDir()
 	hcl := fmt.Sprintf(`name = %q
 data_dir = %q
@@ -142,9 +143,12 @@ agent {
   retry_interval = "500ms"
   token = %q
   runtime = "simulated"
-  simulated { nodes = %d }
+  simulated {
+    nodes      = %d
+    kubeconfig = %q
+  }
 }
-`, name, filepath.Join(dir, "data"), port, join, benchJoinToken, n)
+`, name, filepath.Join(dir, "data"), port, join, benchJoinToken, n, kubeconfig)
 	path := filepath.Join(dir, "agent.hcl")
 	if err := os.WriteFile(path, []byte(hcl), 0o600); err != nil {
 		b.Fatal(err)

@@ -88,6 +88,10 @@ type SimulatedBlock struct {
 	Pods   *int              `hcl:"pods,optional"`
 	Labels map[string]string `hcl:"labels,optional"`
 	Zones  *int              `hcl:"zones,optional"`
+	// Kubeconfig is the credential of an agent that simulates more than one node: one node's identity may
+	// write only its own Node (the Node authorizer and NodeRestriction), so such an agent acts as the
+	// kubeconfig's user instead.
+	Kubeconfig *string `hcl:"kubeconfig,optional"`
 }
 
 // ProxyBlock is `agent { proxy { ... } }`: the iptables service proxy.
@@ -174,6 +178,7 @@ type Simulated struct {
 	Pods        int
 	Labels      map[string]string // "%d" in a value is the node index modulo Zones
 	Zones       int
+	Kubeconfig  string // required when Nodes > 1
 }
 
 // DefaultAgentFile holds the agent defaults.
@@ -343,6 +348,12 @@ func resolveAgent(f *AgentFile, src *source) (*Agent, error) {
 	a.DNS = resolveDNS(b.DNS, src, &errs)
 	sim := b.Simulated
 	a.Simulated = Simulated{Nodes: *sim.Nodes, Pods: *sim.Pods, Zones: *sim.Zones, Labels: sim.Labels}
+	if sim.Kubeconfig != nil {
+		a.Simulated.Kubeconfig = *sim.Kubeconfig
+	}
+	if a.Runtime == RuntimeSimulated && a.Simulated.Nodes > 1 && a.Simulated.Kubeconfig == "" {
+		errs.add(src, "agent.simulated.kubeconfig", "required to simulate more than one node: a node's join-token identity may write only its own Node")
+	}
 	for _, q := range []struct {
 		key, val string
 		out      *resource.Quantity

@@ -32,6 +32,7 @@ agent {
     memory = "8Gi"
     labels = { "topology.kubernetes.io/zone" = "zone-%d" }
     zones  = 3
+    kubeconfig = "/var/lib/skiff/admin.kubeconfig"
   }
 }
 `
@@ -71,6 +72,7 @@ func TestAgentErrorsNameFileLineAndKey(t *testing.T) {
 		{"bad label", base + "  node_labels = { \"bad key!\" = \"v\" }\n}\n", ":6: agent.node_labels: label key \"bad key!\""},
 		{"bad runtime", base + "  runtime = \"docker\"\n}\n", ":6: agent.runtime: \"docker\" is not one of containerd, simulated"},
 		{"bad quantity", base + "  simulated {\n    cpu = \"lots\"\n  }\n}\n", ":7: agent.simulated.cpu: \"lots\" is not a quantity"},
+		{"many simulated nodes, one identity", base + "  runtime = \"simulated\"\n  simulated {\n    nodes = 2\n  }\n}\n", "agent.simulated.kubeconfig: required to simulate more than one node"},
 		{"bad pod_cidr", base + "  pod_cidr = \"10.0.0.0\"\n}\n", ":6: agent.pod_cidr: \"10.0.0.0\" is not an IPv4 CIDR"},
 		{"ipv6 pod_cidr", base + "  pod_cidr = \"fd00::/64\"\n}\n", ":6: agent.pod_cidr: \"fd00::/64\" is not an IPv4 CIDR"},
 		{"no token", "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n}\n", "agent.token: is required"},

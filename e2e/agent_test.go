@@ -76,16 +76,17 @@ func TestSimulatedAgentRunsPods(t *testing.T) {
 		t.Fatalf("agent with a wrong token still running:\n%s", badOut.String())
 	}
 
-	startAgent(t, "sim", server, joinToken, `  runtime = "simulated"
+	startAgent(t, "sim", server, joinToken, fmt.Sprintf(`  runtime = "simulated"
   node_labels = { "disktype" = "ssd" }
   node_taints = ["dedicated=infra:PreferNoSchedule"]
   simulated {
     nodes  = 3
     cpu    = "2"
     memory = "4Gi"
-    labels = { "topology.kubernetes.io/zone" = "zone-%d" }
+    labels = { "topology.kubernetes.io/zone" = "zone-%%d" }
     zones  = 3
-  }`)
+    kubeconfig = %q
+  }`, c.Procs[0].Kubeconfig()))
 	proctest.WaitFor(t, "three Ready nodes", 60*time.Second, func() error {
 		out := k.ok("get", "nodes", "-l", "disktype=ssd", "--no-headers")
 		if strings.Count(out, " Ready ") != 3 {

@@ -211,13 +211,20 @@ func TestKubectlAgainstThreeServers(t *testing.T) {
 	// A service account token from one peer is accepted by another, as the account's identity.
 	k1.ok("create", "serviceaccount", "robot", "-n", "demo")
 	token := strings.TrimSpace(k1.ok("create", "token", "robot", "-n", "demo", "--duration", "15m"))
-	mustContain(t, "whoami with a service account token", k3.ok("--token", token, "auth", "whoami"),
+	mustContain(t, "whoami with a service account token", asToken(t, k3, "robot3", token).ok("auth", "whoami"),
 		"system:serviceaccount:demo:robot", "system:serviceaccounts:demo", "system:authenticated")
-	mustContain(t, "get with a service account token", k2.ok("--token", token, "get", "pod", "bare", "-n", "demo"), "bare")
+	k1.ok("create", "rolebinding", "robot-view", "-n", "demo", "--clusterrole=view", "--serviceaccount=demo:robot")
+	robot2 := asToken(t, k2, "robot2", token)
+	proctest.WaitFor(t, "get with a service account token", 30*time.Second, func() error {
+		if out, err := robot2.run("get", "pod", "bare", "-n", "demo"); err != nil || !strings.Contains(out, "bare") {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
 	mustContain(t, "a too short token", k2.fails("create", "token", "robot", "-n", "demo", "--duration", "5m"), "spec.expirationSeconds")
 	k1.ok("delete", "serviceaccount", "robot", "-n", "demo")
 	proctest.WaitFor(t, "the deleted account's token refused", 10*time.Second, func() error {
-		if out, err := k2.run("--token", token, "get", "pod", "bare", "-n", "demo"); err == nil || !strings.Contains(out, "Unauthorized") {
+		if out, err := robot2.run("get", "pod", "bare", "-n", "demo"); err == nil || !strings.Contains(out, "Unauthorized") {
 			return fmt.Errorf("still accepted: %v %s", err, out)
 		}
 		return nil

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
@@ -121,6 +122,13 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	restCfg, err := restConfig(ctx, a.cfg, a.cfg.Name, a.serverAddrs)
+	if err == nil && a.cfg.Simulated.Kubeconfig != "" && len(a.nodeNames()) > 1 {
+		// Many simulated nodes act as the kubeconfig's user: one node identity writes only its own Node.
+		restCfg, err = clientcmd.BuildConfigFromFlags("", a.cfg.Simulated.Kubeconfig)
+		if err == nil {
+			restCfg.UserAgent, restCfg.QPS, restCfg.Burst = "skiff-agent/"+a.cfg.Name, 50, 100
+		}
+	}
 	if err != nil {
 		return err
 	}
