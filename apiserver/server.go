@@ -77,6 +77,8 @@ type Config struct {
 	Metrics MetricsSource
 	// RBACPolicyReady, if set, is called once this server has reconciled the bootstrap RBAC policy.
 	RBACPolicyReady func()
+	// Audit, when set, records requests in an audit log.
+	Audit *AuditConfig
 }
 
 // Server is a running Kubernetes API on one peer.
@@ -158,6 +160,11 @@ func New(c Config) (*Server, error) {
 	}
 	if cfg.AdmissionControl, err = admissionChain(client, cfg.SharedInformerFactory, tolerationSeconds); err != nil {
 		return nil, err
+	}
+	if c.Audit != nil {
+		if err := setupAudit(&cfg.Config, c.Audit); err != nil {
+			return nil, err
+		}
 	}
 	cfg.RESTOptionsGetter = &restOptionsGetter{backend: c.Backend}
 	if _, ok := c.Handlers["/metrics"]; ok {

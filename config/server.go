@@ -55,10 +55,21 @@ type ServerBlock struct {
 	// Token is the join token node agents present.
 	Token *string `hcl:"token,optional"`
 	// The API answers 429 with Retry-After beyond these many requests in flight, as kube-apiserver does.
-	MaxRequestsInFlight         *int       `hcl:"max_requests_in_flight,optional"`
-	MaxMutatingRequestsInFlight *int       `hcl:"max_mutating_requests_in_flight,optional"`
-	Raft                        *RaftBlock `hcl:"raft,block"`
-	WatchHistory                *HistBlock `hcl:"watch_history,block"`
+	MaxRequestsInFlight         *int        `hcl:"max_requests_in_flight,optional"`
+	MaxMutatingRequestsInFlight *int        `hcl:"max_mutating_requests_in_flight,optional"`
+	Raft                        *RaftBlock  `hcl:"raft,block"`
+	WatchHistory                *HistBlock  `hcl:"watch_history,block"`
+	Audit                       *AuditBlock `hcl:"audit,block"`
+}
+
+// AuditBlock is `server { audit { ... } }`: the API's audit log, off unless path is set. The sizes are
+// kube-apiserver's --audit-log-* flags: days, files, megabytes.
+type AuditBlock struct {
+	Path       *string `hcl:"path,optional"`
+	PolicyFile *string `hcl:"policy_file,optional"`
+	MaxAge     *int    `hcl:"max_age,optional"`
+	MaxBackups *int    `hcl:"max_backups,optional"`
+	MaxSize    *int    `hcl:"max_size,optional"`
 }
 
 // RaftBlock is `server { raft { ... } }`.
@@ -116,6 +127,15 @@ type Server struct {
 
 	HistoryEvents int
 	HistoryAge    time.Duration
+
+	// Audit is the audit log; its Path is empty when auditing is off.
+	Audit Audit
+}
+
+// Audit configures the API's audit log: Kubernetes' audit policy file and a rotated JSON-lines log.
+type Audit struct {
+	Path, PolicyFile            string
+	MaxAge, MaxBackups, MaxSize int // days, files, megabytes; 0 keeps everything
 }
 
 // Ports are the listeners of a server.
@@ -150,6 +170,7 @@ func DefaultServerFile() *ServerFile {
 				WriteTimeout: ptr("10s"),
 			},
 			WatchHistory: &HistBlock{Events: ptr(100000), Age: ptr("5m")},
+			Audit:        &AuditBlock{Path: ptr(""), PolicyFile: ptr(""), MaxAge: ptr(0), MaxBackups: ptr(0), MaxSize: ptr(0)},
 		},
 	}
 }
@@ -175,6 +196,8 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 		SnapshotThreshold: uint64(max(0, *f.Server.Raft.SnapshotThreshold)),
 		TrailingLogs:      uint64(max(0, *f.Server.Raft.TrailingLogs)),
 		HistoryEvents:     *f.Server.WatchHistory.Events,
+		Audit: Audit{Path: *f.Server.Audit.Path, PolicyFile: *f.Server.Audit.PolicyFile,
+			MaxAge: *f.Server.Audit.MaxAge, MaxBackups: *f.Server.Audit.MaxBackups, MaxSize: *f.Server.Audit.MaxSize},
 
 		MaxRequestsInFlight:         *f.Server.MaxRequestsInFlight,
 		MaxMutatingRequestsInFlight: *f.Server.MaxMutatingRequestsInFlight,
@@ -268,6 +291,21 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 		{"server.watch_history.age", f.Server.WatchHistory.Age, &s.HistoryAge},
 	} {
 		*d.out = errs.duration(src, d.key, *d.val)
+	}
+	if s.Audit.Path != "" && s.Audit.PolicyFile == "" {
+		errs.add(src, "server.audit.policy_file", "is required with server.audit.path: Kubernetes' audit policy says what to record")
+	} else if s.Audit.Path != "" {
+		if _, err := os.Stat(s.Audit.PolicyFile); err != nil {
+			errs.add(src, "server.audit.policy_file", err.Error())
+		}
+	}
+	for _, n := range []struct {
+		key string
+		v   int
+	}{{"server.audit.max_age", s.Audit.MaxAge}, {"server.audit.max_backups", s.Audit.MaxBackups}, {"server.audit.max_size", s.Audit.MaxSize}} {
+		if n.v < 0 {
+			errs.add(src, n.key, fmt.Sprintf("must be 0 or more, got %d", n.v))
+		}
 	}
 	if s.DefaultTolerationSeconds = int64(*f.Server.DefaultTolerationSeconds); s.DefaultTolerationSeconds < 0 {
 		errs.add(src, "server.default_toleration_seconds", fmt.Sprintf("must be 0 or more, got %d", s.DefaultTolerationSeconds))

@@ -50,7 +50,14 @@ func TestAccessControl(t *testing.T) {
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}
-	c := proctest.NewCluster(t, 1, "")
+	// The audit log records every request at the Metadata level.
+	auditDir := t.TempDir()
+	policy := filepath.Join(auditDir, "policy.yaml")
+	if err := os.WriteFile(policy, []byte("apiVersion: audit.k8s.io/v1\nkind: Policy\nrules:\n- level: Metadata\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	auditLog := filepath.Join(auditDir, "audit.log")
+	c := proctest.NewCluster(t, 1, fmt.Sprintf("audit {\n    path = %q\n    policy_file = %q\n    max_size = 10\n  }", auditLog, policy))
 	p := c.Procs[0]
 	c.Start(p)
 	admin := kubectl{t: t, kubeconfig: p.Kubeconfig()}
@@ -119,6 +126,23 @@ func TestAccessControl(t *testing.T) {
 		robot.forbidden([]string{`cannot list resource "secrets"`}, "get", "secrets", "-n", "team")
 		robot.forbidden([]string{`cannot list resource "pods"`}, "get", "pods", "-n", "other")
 		robot.forbidden([]string{`cannot create resource "pods"`}, "run", "x", "-n", "team", "--image=busybox")
+	})
+
+	t.Run("audit log", func(t *testing.T) {
+		// Events are written as requests complete; the robot's refused list of Secrets is among them.
+		proctest.WaitFor(t, "audit events", 10*time.Second, func() error {
+			data, err := os.ReadFile(auditLog)
+			if err != nil {
+				return err
+			}
+			for _, line := range strings.Split(string(data), "\n") {
+				if strings.Contains(line, `"username":"system:serviceaccount:team:robot"`) && strings.Contains(line, `"resource":"secrets"`) &&
+					strings.Contains(line, `"namespace":"other"`) && strings.Contains(line, `"code":403`) && strings.Contains(line, `"stage":"ResponseComplete"`) {
+					return nil
+				}
+			}
+			return fmt.Errorf("no ResponseComplete event of the robot's refused list of Secrets in %d bytes", len(data))
+		})
 	})
 
 	t.Run("can-i", func(t *testing.T) {

@@ -249,6 +249,7 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		},
 		AgentTransport: agentTransport,
 		Metrics:        metrics,
+		Audit:          s.auditConfig(),
 		RBACPolicyReady: func() {
 			s.rbacPolicyOnce.Do(func() { close(s.rbacPolicyReady) })
 		},
@@ -277,6 +278,15 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 	if err := api.Run(ctx); err != nil && ctx.Err() == nil {
 		s.logger.Error("API server stopped", "error", err)
 	}
+}
+
+// auditConfig is the API's audit log, or nil when server.audit.path is not set.
+func (s *Server) auditConfig() *apiserver.AuditConfig {
+	a := s.cfg.Audit
+	if a.Path == "" {
+		return nil
+	}
+	return &apiserver.AuditConfig{Path: a.Path, PolicyFile: a.PolicyFile, MaxAge: a.MaxAge, MaxBackups: a.MaxBackups, MaxSize: a.MaxSize}
 }
 
 // raftReady is the readiness check of the Raft read path: this peer knows a leader and has applied what it
