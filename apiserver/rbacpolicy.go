@@ -3,6 +3,7 @@ package apiserver
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -31,9 +32,12 @@ var (
 			// The servers publish the cluster's DNS address and domain in kube-system/skiff-cluster.
 			rbachelpers.NewRule("get", "list", "watch").Groups("").Resources("configmaps").Names("skiff-cluster").RuleOrDie(),
 		}},
-		// Skiff's scheduler reads PriorityClasses itself (preemption), which kube-scheduler's role does not grant.
+		// Skiff's scheduler reads PriorityClasses itself and evicts preemption victims, which kube-scheduler's
+		// role does not grant.
 		{ObjectMeta: metav1.ObjectMeta{Name: "skiff:scheduler"}, Rules: []rbacv1.PolicyRule{
 			rbachelpers.NewRule("get", "list", "watch").Groups("scheduling.k8s.io").Resources("priorityclasses").RuleOrDie(),
+			// It evicts preemption victims through the eviction API, which honours PodDisruptionBudgets.
+			rbachelpers.NewRule("create").Groups("").Resources("pods/eviction").RuleOrDie(),
 		}},
 		{ObjectMeta: metav1.ObjectMeta{Name: "skiff:cluster-dns-endpoints"}, Rules: []rbacv1.PolicyRule{
 			rbachelpers.NewRule("get", "create", "update").Groups("discovery.k8s.io").Resources("endpointslices").RuleOrDie(),
@@ -118,7 +122,11 @@ func reconcileRBACPolicy(ctx context.Context, client kubernetes.Interface) error
 		bindings = append(bindings, reconciliation.ReconcileRoleBindingOptions{RoleBinding: reconciliation.ClusterRoleBindingAdapter{ClusterRoleBinding: &b},
 			Client: reconciliation.ClusterRoleBindingClientAdapter{Client: rbac.ClusterRoleBindings()}, Confirm: true})
 	}
-	namespacedBindings := bootstrappolicy.NamespaceRoleBindings()
+	// NamespaceRoleBindings returns the library's own map: copy it before adding Skiff's.
+	namespacedBindings := map[string][]rbacv1.RoleBinding{}
+	for ns, bindings := range bootstrappolicy.NamespaceRoleBindings() {
+		namespacedBindings[ns] = slices.Clone(bindings)
+	}
 	for _, b := range skiffRoleBindings {
 		namespacedBindings[b.Namespace] = append(namespacedBindings[b.Namespace], b)
 	}
