@@ -299,7 +299,8 @@ func TestNodeAddress(t *testing.T) {
 	}
 }
 
-// streamsBackend applies commands straight to a store, as a one-peer Raft would.
+// streamsBackend applies commands straight to a store, as a one-peer Raft would (the pod streams and RBAC
+// tests share it).
 type streamsBackend struct {
 	mu    sync.Mutex
 	store *fsm.Store

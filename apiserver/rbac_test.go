@@ -141,31 +141,11 @@ func TestRBACValidationThroughStrategy(t *testing.T) {
 	}
 }
 
-// rbacTestBackend applies commands straight to a store, as a one-peer Raft would.
-type rbacTestBackend struct {
-	mu    sync.Mutex
-	store *fsm.Store
-	index uint64
-}
-
-func (m *rbacTestBackend) Apply(_ context.Context, cmd *fsm.Command) (fsm.Result, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.index++
-	if cmd.Time == 0 {
-		cmd.Time = time.Now().UnixNano()
-	}
-	return m.store.Apply(m.index, cmd.Encode()), nil
-}
-
-func (m *rbacTestBackend) LinearizableRead(context.Context) error { return nil }
-func (m *rbacTestBackend) Store() *fsm.Store                      { return m.store }
-
 // newRBACStores builds the registry stores of the four RBAC kinds on an in-memory store, as restStorage
 // builds them for the server.
 func newRBACStores(t *testing.T) map[string]*resource {
 	t.Helper()
-	getter := &restOptionsGetter{backend: &rbacTestBackend{store: fsm.New(fsm.Options{})}}
+	getter := &restOptionsGetter{backend: &streamsBackend{store: fsm.New(fsm.Options{})}}
 	stores := map[string]*resource{}
 	for _, k := range kinds {
 		if k.gv != rbacv1.SchemeGroupVersion {
