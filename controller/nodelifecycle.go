@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -23,6 +24,8 @@ type Members interface {
 	Members() []gossip.Member
 	SuspicionTimeout() time.Duration
 	Subscribe() (<-chan gossip.Event, func())
+	// Reachable says whether the member answers a direct probe now.
+	Reachable(name string) bool
 }
 
 // NodeLifecycleConfig tunes the node lifecycle controller (server HCL keys in parentheses).
@@ -156,7 +159,8 @@ func evictAt(pod *corev1.Pod, taint corev1.Taint, now time.Time) (time.Time, boo
 
 // runNodeLifecycle turns gossip member state (or Lease freshness) into Node conditions and taints, and evicts
 // pods from unreachable Nodes when their tolerations run out.
-//  1. Each second, judge every Node: member alive, failed or left; or, with no member, its Lease.
+//  1. Each second, judge every Node: member alive, failed or left; or, with no member, its Lease. A failed
+//     member counts only once a direct probe from this server fails too (rechecked every 10 s).
 //  2. Set its Ready condition and health taints (unreachable or not-ready, NoSchedule and NoExecute).
 //  3. Mark the pods of unreachable or shut-down Nodes not Ready, so endpoints drop them.
 //  4. Evict (graceful delete) pods whose tolerations of the NoExecute taint ran out, unless more than half of
@@ -165,7 +169,9 @@ func evictAt(pod *corev1.Pod, taint corev1.Taint, now time.Time) (time.Time, boo
 //  5. Force-delete pods stuck Terminating on such Nodes for pod_gc_timeout, and pods whose Node is gone.
 //
 // A new leader inherits a view it did not watch form: it marks nothing unreachable and evicts nothing until
-// a full gossip suspicion interval has passed.
+// a full gossip suspicion interval has passed. That view may be stale besides: a server that was cut off
+// holds every member as failed until it reconnects, and may lead as soon as the partition heals; the probe
+// of step 1 is what keeps it from marking live nodes unreachable.
 func runNodeLifecycle(ctx context.Context, c *Clients) {
 	if c.Members == nil {
 		c.Logger.Info("no gossip pool: node lifecycle off")
@@ -186,7 +192,8 @@ func runNodeLifecycle(ctx context.Context, c *Clients) {
 		return
 	}
 	l := &lifecycle{c: c, cfg: cfg, nodes: nodes.Lister(), podIndex: pods.Informer().GetIndexer(), leases: leases.Lister(),
-		warmAt: time.Now().Add(c.Members.SuspicionTimeout() + time.Second), orphanSince: map[string]time.Time{}}
+		warmAt: time.Now().Add(c.Members.SuspicionTimeout() + time.Second), orphanSince: map[string]time.Time{},
+		failureConfirmed: map[string]time.Time{}, answering: map[string]bool{}}
 	// Member changes trigger a pass at once (after a short pause that gathers a burst of them), so detection
 	// is not held back by the tick; the tick catches Leases, tolerations running out and anything missed.
 	events, unsubscribe := c.Members.Subscribe()
@@ -235,6 +242,59 @@ type lifecycle struct {
 	warmAt      time.Time
 	disrupted   bool
 	orphanSince map[string]time.Time // pods whose Node is gone, by namespace/name
+	// failureConfirmed is when a direct probe last failed to reach a member this server's gossip view holds
+	// as failed, by member name.
+	failureConfirmed map[string]time.Time
+	answering        map[string]bool // failed members that answered their last probe, logged once
+}
+
+// failureRecheck is how long a confirmed failure stands before the member is probed again.
+const failureRecheck = 10 * time.Second
+
+// confirmFailures probes, all at once, the failed members whose failure has not been confirmed within
+// failureRecheck, and keeps the result in l.failureConfirmed. A member is acted on as failed only while its
+// failure is confirmed: this server's view can be stale, above all on a server that was itself cut off and
+// now leads, which holds every member as failed until it reconnects; a member it can reach is not failed.
+func (l *lifecycle) confirmFailures(hosts map[string]*gossip.Member, now time.Time) {
+	failed := map[string]bool{}
+	var probe []string
+	for _, m := range hosts {
+		if m.Status != gossip.StatusDead || failed[m.Name] {
+			continue
+		}
+		failed[m.Name] = true
+		if at, ok := l.failureConfirmed[m.Name]; !ok || now.Sub(at) >= failureRecheck {
+			probe = append(probe, m.Name)
+		}
+	}
+	for name := range l.failureConfirmed {
+		if !failed[name] {
+			delete(l.failureConfirmed, name)
+		}
+	}
+	for name := range l.answering {
+		if !failed[name] {
+			delete(l.answering, name)
+		}
+	}
+	reachable := make([]bool, len(probe))
+	var wg sync.WaitGroup
+	for i, name := range probe {
+		wg.Go(func() { reachable[i] = l.c.Members.Reachable(name) })
+	}
+	wg.Wait()
+	for i, name := range probe {
+		if !reachable[i] {
+			l.failureConfirmed[name] = now
+			delete(l.answering, name)
+			continue
+		}
+		if !l.answering[name] {
+			l.c.Logger.Info("a member this server holds as failed answers a direct probe: its nodes are left alone until gossip agrees", "member", name)
+		}
+		l.answering[name] = true
+		delete(l.failureConfirmed, name)
+	}
 }
 
 // reconcile is one pass of the steps runNodeLifecycle lists.
@@ -252,13 +312,20 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 	if err != nil {
 		return
 	}
+	l.confirmFailures(hosts, now)
 	health := make(map[string]nodeHealth, len(nodes))
 	tracked, unreachable := 0, 0
 	for _, node := range nodes {
 		lease, _ := l.leases.Leases(corev1.NamespaceNodeLease).Get(node.Name)
-		h := judgeNode(hosts[node.Name], lease, now, l.cfg.LeaseGrace)
+		member := hosts[node.Name]
+		h := judgeNode(member, lease, now, l.cfg.LeaseGrace)
 		if h == healthUnreachable && now.Before(l.warmAt) {
 			continue // a new leader's inherited view: not yet
+		}
+		if h == healthUnreachable && member != nil {
+			if _, confirmed := l.failureConfirmed[member.Name]; !confirmed {
+				continue // this server's view is stale: the member answers
+			}
 		}
 		health[node.Name] = h
 		if h != healthUntracked {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sort"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -210,11 +212,33 @@ func TestEvictAt(t *testing.T) {
 
 // --- reconcile ---
 
-type fakeMembers struct{ members []gossip.Member }
+type fakeMembers struct {
+	members   []gossip.Member
+	reachable map[string]bool // members that answer a direct probe
+
+	mu     sync.Mutex
+	probed []string
+}
 
 func (f *fakeMembers) Members() []gossip.Member                 { return f.members }
 func (f *fakeMembers) SuspicionTimeout() time.Duration          { return 5 * time.Second }
 func (f *fakeMembers) Subscribe() (<-chan gossip.Event, func()) { return nil, func() {} }
+func (f *fakeMembers) Reachable(name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.probed = append(f.probed, name)
+	return f.reachable[name]
+}
+
+// takeProbes returns the members probed since the last call, sorted.
+func (f *fakeMembers) takeProbes() []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := f.probed
+	f.probed = nil
+	sort.Strings(out)
+	return out
+}
 
 var _ Members = (*fakeMembers)(nil)
 
@@ -261,10 +285,12 @@ type lifecycleHarness struct {
 
 type lifecycleWorld struct {
 	members []gossip.Member
-	nodes   []*corev1.Node
-	pods    []*corev1.Pod
-	leases  []*coordinationv1.Lease
-	warmAt  time.Time
+	// reachable are the failed members that answer a direct probe all the same (a stale view).
+	reachable []string
+	nodes     []*corev1.Node
+	pods      []*corev1.Pod
+	leases    []*coordinationv1.Lease
+	warmAt    time.Time
 	// disrupted starts the controller in full-disruption mode.
 	disrupted bool
 }
@@ -297,7 +323,11 @@ func newLifecycleHarness(t *testing.T, w lifecycleWorld) *lifecycleHarness {
 	}
 	kube := fake.NewSimpleClientset(objs...)
 	rec := record.NewFakeRecorder(100)
-	c := &Clients{Kube: kube, Logger: hclog.NewNullLogger(), Recorder: rec, Members: &fakeMembers{members: w.members}}
+	members := &fakeMembers{members: w.members, reachable: map[string]bool{}}
+	for _, name := range w.reachable {
+		members.reachable[name] = true
+	}
+	c := &Clients{Kube: kube, Logger: hclog.NewNullLogger(), Recorder: rec, Members: members}
 	l := &lifecycle{
 		c:           c,
 		cfg:         NodeLifecycleConfig{LeaseGrace: 40 * time.Second, PodGCTimeout: 10 * time.Minute},
@@ -306,6 +336,9 @@ func newLifecycleHarness(t *testing.T, w lifecycleWorld) *lifecycleHarness {
 		leases:      coordinationlisters.NewLeaseLister(leaseIdx),
 		warmAt:      w.warmAt,
 		orphanSince: map[string]time.Time{},
+
+		failureConfirmed: map[string]time.Time{},
+		answering:        map[string]bool{},
 	}
 	l.disrupted = w.disrupted
 	return &lifecycleHarness{kube: kube, l: l, recorder: rec}
@@ -528,6 +561,37 @@ func TestReconcileLifecycle(t *testing.T) {
 			},
 		},
 		{
+			name: "a failed member that answers a probe: its nodes and pods are left alone",
+			world: lifecycleWorld{
+				warmAt: past,
+				members: []gossip.Member{
+					member("a-stale", gossip.StatusDead, "n-stale"),
+					member("a-marked", gossip.StatusDead, "n-was-marked"),
+					member("a-dead", gossip.StatusDead, "n-dead"),
+					member("a-alive", gossip.StatusAlive, "n-ok"),
+				},
+				reachable: []string{"a-stale", "a-marked"},
+				nodes: []*corev1.Node{
+					testNode("n-stale", ready), testNode("n-dead", ready), testNode("n-ok", ready),
+					// Marked by an earlier confirmation, its toleration run out: not evicted while it answers.
+					testNode("n-was-marked", unknown, unreachableTaints(now.Add(-time.Hour))...),
+				},
+				pods: []*corev1.Pod{testPod("p-stale", "n-stale"), testPod("p-marked", "n-was-marked")},
+			},
+			check: func(t *testing.T, h *lifecycleHarness) {
+				checkNode(t, h, "n-stale", corev1.ConditionTrue, "AgentReady", nil)
+				checkNode(t, h, "n-dead", corev1.ConditionUnknown, "NodeStatusUnknown", unr(now))
+				for _, w := range h.writes() {
+					if strings.HasSuffix(w, " n-stale") || strings.HasSuffix(w, " p-stale") || strings.HasSuffix(w, " p-marked") {
+						t.Errorf("write for a member that answers its probe: %s", w)
+					}
+				}
+				if d := h.podDeletes(); len(d) != 0 {
+					t.Errorf("pods deleted: %v", d)
+				}
+			},
+		},
+		{
 			name: "eviction by tolerations",
 			world: lifecycleWorld{
 				warmAt: past,
@@ -721,5 +785,54 @@ func TestReconcileLifecycle(t *testing.T) {
 			}
 			tc.check(t, h)
 		})
+	}
+}
+
+// A confirmed failure stands for failureRecheck, then the member is probed again; a member that comes back
+// alive is forgotten, and probed afresh if it fails again.
+func TestConfirmFailuresRechecks(t *testing.T) {
+	t0 := time.Date(2026, 11, 24, 3, 0, 0, 0, time.UTC)
+	dead := member("a", gossip.StatusDead, "n")
+	alive := member("a", gossip.StatusAlive, "n")
+	other := member("b", gossip.StatusDead, "m")
+	fm := &fakeMembers{reachable: map[string]bool{}}
+	l := &lifecycle{c: &Clients{Logger: hclog.NewNullLogger(), Members: fm},
+		failureConfirmed: map[string]time.Time{}, answering: map[string]bool{}}
+	steps := []struct {
+		at         time.Duration
+		hosts      []gossip.Member
+		reachable  []string
+		wantProbes []string
+		wantFailed []string
+	}{
+		{0, []gossip.Member{dead, other}, nil, []string{"a", "b"}, []string{"a", "b"}},
+		{5 * time.Second, []gossip.Member{dead, other}, nil, nil, []string{"a", "b"}},
+		{failureRecheck, []gossip.Member{dead, other}, []string{"a"}, []string{"a", "b"}, []string{"b"}},
+		{failureRecheck + time.Second, []gossip.Member{dead, other}, []string{"a"}, []string{"a"}, []string{"b"}},
+		{failureRecheck + 2*time.Second, []gossip.Member{alive, other}, nil, nil, []string{"b"}},
+		{failureRecheck + 3*time.Second, []gossip.Member{dead, other}, nil, []string{"a"}, []string{"a", "b"}},
+		{failureRecheck + 4*time.Second, []gossip.Member{alive}, nil, nil, nil},
+	}
+	for i, st := range steps {
+		hosts := map[string]*gossip.Member{}
+		for _, m := range st.hosts {
+			hosts[m.Meta.Nodes[0]] = &m
+		}
+		fm.reachable = map[string]bool{}
+		for _, name := range st.reachable {
+			fm.reachable[name] = true
+		}
+		l.confirmFailures(hosts, t0.Add(st.at))
+		if got := fm.takeProbes(); !slices.Equal(got, st.wantProbes) {
+			t.Errorf("step %d: probed %v, want %v", i, got, st.wantProbes)
+		}
+		var failed []string
+		for name := range l.failureConfirmed {
+			failed = append(failed, name)
+		}
+		sort.Strings(failed)
+		if !slices.Equal(failed, st.wantFailed) {
+			t.Errorf("step %d: confirmed failures %v, want %v", i, failed, st.wantFailed)
+		}
 	}
 }

@@ -356,6 +356,43 @@ func (p *Pool) SuspicionTimeout() time.Duration {
 	return time.Duration(float64(p.mlConf.SuspicionMult) * scale * float64(p.mlConf.ProbeInterval))
 }
 
+// Reachable says whether the member answers a direct ping now. It sends two pings at once, so that one lost
+// datagram does not condemn a live member, and waits at most one probe timeout.
+//
+// It is how a failure in this member's view is confirmed before anything acts on it: after a partition
+// heals, the member that was cut off still holds the others as failed until it reconnects (up to
+// ReconnectInterval) or a member refutes. A failed member that answers is joined again at once, so the
+// views converge now rather than at the next reconnect.
+func (p *Pool) Reachable(name string) bool {
+	m, ok := p.Member(name)
+	if !ok {
+		return false
+	}
+	addr, err := net.ResolveUDPAddr("udp", m.Addr)
+	if err != nil {
+		return false
+	}
+	answered := make(chan bool, 2)
+	for range 2 {
+		go func() {
+			_, err := p.ml.Ping(name, addr)
+			answered <- err == nil
+		}()
+	}
+	reachable := <-answered || <-answered
+	if reachable && m.Status == StatusDead {
+		// Not waited for at Shutdown, like the join goroutines: it checks nothing and ends with the join.
+		go func() {
+			if n, err := p.ml.Join([]string{m.Addr}); n > 0 {
+				p.logger.Info("rejoined a member held as failed that answers", "member", name)
+			} else {
+				p.logger.Debug("rejoining a member that answers", "member", name, "error", err)
+			}
+		}()
+	}
+	return reachable
+}
+
 // JoinFailed is closed when RetryMax join attempts all failed.
 func (p *Pool) JoinFailed() <-chan struct{} { return p.joinFailed }
 

@@ -174,3 +174,43 @@ func TestReconnectToFailedMember(t *testing.T) {
 	again := start("b", b, nil)
 	waitFor(t, "a and the restarted b to reconnect", func() bool { return len(pa.Alive("")) == 2 && len(again.Alive("")) == 2 })
 }
+
+// Reachable answers for the member as it is now, not as this member's view holds it: a member held as failed
+// that answers is reachable, and is joined again at once (here the reconnect loop is too slow to be what
+// heals the view); a member that is gone is not.
+func TestReachableConfirmsAndHealsAFailure(t *testing.T) {
+	a, b := freeport.One(t), freeport.One(t)
+	start := func(name string, port int, join []string) *Pool {
+		t.Helper()
+		p, err := New(Config{Name: name, BindAddr: "127.0.0.1", BindPort: port, RetryJoin: join, RetryInterval: 50 * time.Millisecond,
+			ReconnectInterval: time.Hour, Local: true, Meta: Meta{Role: RoleAgent}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Shutdown() })
+		return p
+	}
+	pa := start("a", a, nil)
+	pb := start("b", b, []string{fmt.Sprintf("127.0.0.1:%d", a)})
+	waitFor(t, "a to see b", func() bool { return len(pa.Alive("")) == 2 })
+	if !pa.Reachable("b") {
+		t.Fatal("an alive member is not reachable")
+	}
+	if pa.Reachable("nobody") {
+		t.Fatal("an unknown member is reachable")
+	}
+	pb.Shutdown()
+	waitFor(t, "a to see b fail", func() bool { m, _ := pa.Member("b"); return m.Status == StatusDead })
+	if pa.Reachable("b") {
+		t.Fatal("a stopped member is reachable")
+	}
+	start("b", b, nil) // back at the same address, joining nobody: a's view of it is stale
+	time.Sleep(time.Second)
+	if m, _ := pa.Member("b"); m.Status != StatusDead {
+		t.Fatalf("b is %s in a's view before any probe; the test needs a stale view", m.Status)
+	}
+	if !pa.Reachable("b") {
+		t.Fatal("a member held as failed that answers is not reachable")
+	}
+	waitFor(t, "a's view of b to heal", func() bool { m, _ := pa.Member("b"); return m.Status == StatusAlive })
+}
