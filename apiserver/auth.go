@@ -39,9 +39,15 @@ func requestAuthenticator(clientCA x509request.VerifyOptionFunc, adminToken stri
 	return union.NewFailOnError(group.NewAuthenticatedGroupAdder(union.New(certs, tokens)), anonymous)
 }
 
-// tokenAuthenticator maps the admin token to a system:masters user, and an agent's "node:<name>:<join
-// token>" to system:node:<name> in system:nodes, as kubelets are known in Kubernetes, and a service account
-// token to system:serviceaccount:<namespace>:<name>. TokenReviews ask it too.
+// BootstrappersGroup is the group of the join token's users, as of Kubernetes' bootstrap tokens: they may ask
+// for a node client certificate through the CSR API, and do nothing else.
+const BootstrappersGroup = "system:bootstrappers"
+
+// tokenAuthenticator maps the admin token to a system:masters user, an agent's "node:<name>:<join token>"
+// to the bootstrap user system:bootstrap:<name> in system:bootstrappers (the agent then acts as
+// system:node:<name> with the client certificate it gets through the CSR API, as a kubelet does after TLS
+// bootstrap), and a service account token to system:serviceaccount:<namespace>:<name>. TokenReviews ask it
+// too.
 func tokenAuthenticator(adminToken string, joinToken func() string, saTokens *serviceAccountTokens) authenticator.Token {
 	return authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 		if subtle.ConstantTimeCompare([]byte(token), []byte(adminToken)) == 1 {
@@ -61,7 +67,7 @@ func tokenAuthenticator(adminToken string, joinToken func() string, saTokens *se
 			return nil, false, nil
 		}
 		return &authenticator.Response{User: &user.DefaultInfo{
-			Name: "system:node:" + node, Groups: []string{"system:nodes", user.AllAuthenticated},
+			Name: "system:bootstrap:" + node, Groups: []string{BootstrappersGroup, user.AllAuthenticated},
 		}}, true, nil
 	})
 }

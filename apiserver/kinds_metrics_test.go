@@ -152,6 +152,10 @@ func TestMetricsAPI(t *testing.T) {
 		if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
+		// No serviceaccount controller runs here: make the account the ServiceAccount admission looks for.
+		if _, err := client.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for _, p := range []struct{ ns, name, app string }{{"ns1", "web", "web"}, {"ns1", "db", "db"}, {"ns1", "new", "web"}, {"ns2", "job", "web"}} {
 		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: p.ns, Labels: map[string]string{"app": p.app}},

@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/skiff-dev/skiff/config"
-	"github.com/skiff-dev/skiff/internal/join"
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
@@ -44,14 +43,14 @@ func TestRequestBodyLimit(t *testing.T) {
 // server that allows one write in flight: the excess gets 429 with Retry-After and a Status body, and only
 // the acknowledged writes are stored.
 func TestInFlightLimit(t *testing.T) {
-	one, token := 1, "limits-join-token-0123456789"
+	one := 1
 	peers := servertest.StartWith(t, 1, func(f *config.ServerFile) {
 		f.Server.MaxMutatingRequestsInFlight = &one
-		f.Server.Token = &token
 	})
 	ctx := context.Background()
 	nodeConfig := rest.AnonymousClientConfig(peers[0].Config)
-	nodeConfig.BearerToken = join.BearerToken("node-1", token)
+	nodeConfig.CertFile = servertest.NodeClientCert(t, peers[0], "node-1")
+	nodeConfig.KeyFile = nodeConfig.CertFile
 	// Raw HTTP, because client-go retries 429s by itself.
 	httpClient, err := rest.HTTPClientFor(nodeConfig)
 	if err != nil {
@@ -72,7 +71,6 @@ func TestInFlightLimit(t *testing.T) {
 				InvolvedObject: corev1.ObjectReference{Kind: "Node", Name: "node-1"}, Reason: "Test", Message: strings.Repeat("v", 10000)})
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, nodeConfig.Host+"/api/v1/namespaces/default/events", bytes.NewReader(body))
 			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Authorization", "Bearer "+nodeConfig.BearerToken)
 			resp, err := httpClient.Do(req)
 			if err != nil {
 				t.Error(err)

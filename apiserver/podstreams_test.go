@@ -461,6 +461,10 @@ func TestPodStreamsHTTP(t *testing.T) {
 		}
 		return p
 	}
+	// No serviceaccount controller runs here: make the account the ServiceAccount admission looks for.
+	if _, err := client.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	for _, p := range []*corev1.Pod{pod("unscheduled", "", "c"), pod("simulated", "simulated", "c"), pod("web", "agent-node", "app"), pod("two", "agent-node", "a", "b")} {
 		if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -674,6 +678,10 @@ func TestPodStreamsWithoutAgentTransport(t *testing.T) {
 	cfg := startStreamsAPI(t, nil)
 	ctx := context.Background()
 	client := kubernetes.NewForConfigOrDie(cfg)
+	// No serviceaccount controller runs here: make the account the ServiceAccount admission looks for.
+	if _, err := client.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"}, Spec: corev1.PodSpec{NodeName: "n", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
 	if _, err := client.CoreV1().Pods("default").Create(ctx, p, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

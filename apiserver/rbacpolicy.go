@@ -55,15 +55,20 @@ var (
 		return b
 	}()}
 	skiffClusterRoleBindings = []rbacv1.ClusterRoleBinding{
-		nodesBinding("skiff:agent", "skiff:agent"),
-		nodesBinding("skiff:node-proxier", "system:node-proxier"),
-		nodesBinding("skiff:cluster-dns", "skiff:cluster-dns"),
+		groupBinding("skiff:agent", "skiff:agent", user.NodesGroup),
+		groupBinding("skiff:node-proxier", "system:node-proxier", user.NodesGroup),
+		groupBinding("skiff:cluster-dns", "skiff:cluster-dns", user.NodesGroup),
 		rbachelpers.NewClusterBinding("skiff:scheduler").Users(user.KubeScheduler).BindingOrDie(),
+		// TLS bootstrap, as kubeadm binds it: the join token (system:bootstrappers) may ask for a node client
+		// certificate, which the approver grants; a node may renew its own.
+		groupBinding("skiff:node-bootstrapper", "system:node-bootstrapper", BootstrappersGroup),
+		groupBinding("skiff:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", BootstrappersGroup),
+		groupBinding("skiff:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", user.NodesGroup),
 	}
 )
 
-func nodesBinding(name, role string) rbacv1.ClusterRoleBinding {
-	b := rbachelpers.NewClusterBinding(role).Groups(user.NodesGroup).BindingOrDie()
+func groupBinding(name, role, group string) rbacv1.ClusterRoleBinding {
+	b := rbachelpers.NewClusterBinding(role).Groups(group).BindingOrDie()
 	b.Name = name
 	return b
 }

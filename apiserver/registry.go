@@ -7,6 +7,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -60,6 +61,9 @@ type kind struct {
 	subresources   []subresource // beyond status
 	// storageGV stores the kind as another group's type (events.k8s.io Events are stored as core Events).
 	storageGV *schema.GroupVersion
+	// kube runs Kubernetes' own registry strategies, on its internal type, in place of this table's rules;
+	// its update-only subresources (status among them) are served too.
+	kube *kubeStrategies
 }
 
 func obj[T any, PT interface {
@@ -147,6 +151,11 @@ var kinds = []*kind{
 	{gv: rbacv1.SchemeGroupVersion, resource: "clusterrolebindings", singular: "clusterrolebinding", newFunc: obj[rbacv1.ClusterRoleBinding](), newListFunc: obj[rbacv1.ClusterRoleBindingList](),
 		validateName: rbacNameFunc, defaults: defaultClusterRoleBinding, validateCreate: validateClusterRoleBinding, validateUpdate: validateClusterRoleBindingUpdate},
 
+	// certificates.k8s.io/v1: Kubernetes' own strategies and admission (certificates.go).
+	{gv: certificatesv1.SchemeGroupVersion, resource: "certificatesigningrequests", singular: "certificatesigningrequest",
+		newFunc: obj[certificatesv1.CertificateSigningRequest](), newListFunc: obj[certificatesv1.CertificateSigningRequestList](),
+		shortNames: []string{"csr"}, hasStatus: true, kube: csrStrategies, fields: csrFields, fieldNames: []string{"spec.signerName"}, columns: csrColumns},
+
 	// scheduling.k8s.io/v1
 	{gv: schedulingv1.SchemeGroupVersion, resource: "priorityclasses", singular: "priorityclass", newFunc: obj[schedulingv1.PriorityClass](), newListFunc: obj[schedulingv1.PriorityClassList](),
 		shortNames: []string{"pc"}},
@@ -219,6 +228,10 @@ func (k *kind) restStorage(getter generic.RESTOptionsGetter) (map[string]rest.St
 		}
 		store.TTLFunc = func(runtime.Object, uint64, bool) (uint64, error) { return ttl, nil }
 	}
+	if k.kube != nil {
+		main := k.kube.adapt(st, k.kube.main)
+		store.CreateStrategy, store.UpdateStrategy, store.ResetFieldsStrategy = main, main, main
+	}
 	if err := store.CompleteWithOptions(&generic.StoreOptions{RESTOptions: getter, AttrFunc: k.attrFunc}); err != nil {
 		return nil, fmt.Errorf("%s: %w", gr, err)
 	}
@@ -238,6 +251,15 @@ func (k *kind) restStorage(getter generic.RESTOptionsGetter) (map[string]rest.St
 	}
 	for _, sub := range k.subresources {
 		out[k.resource+"/"+sub.name] = sub.build(store)
+	}
+	if k.kube != nil {
+		for name, kube := range k.kube.subresources {
+			sub := *store
+			sub.CreateStrategy, sub.DeleteStrategy = nil, nil
+			adapted := k.kube.adapt(st, kube)
+			sub.UpdateStrategy, sub.ResetFieldsStrategy = adapted, adapted
+			out[k.resource+"/"+name] = &statusREST{store: &sub}
+		}
 	}
 	return out, nil
 }

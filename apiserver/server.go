@@ -161,6 +161,11 @@ func New(c Config) (*Server, error) {
 	if cfg.AdmissionControl, err = admissionChain(client, cfg.SharedInformerFactory, tolerationSeconds); err != nil {
 		return nil, err
 	}
+	certs, err := certificateAdmission(cfg.Authorization.Authorizer)
+	if err != nil {
+		return nil, err
+	}
+	cfg.AdmissionControl = admission.NewChainHandler(cfg.AdmissionControl, certs)
 	if c.Audit != nil {
 		if err := setupAudit(&cfg.Config, c.Audit); err != nil {
 			return nil, err
@@ -209,9 +214,10 @@ func New(c Config) (*Server, error) {
 	return &Server{generic: generic}, nil
 }
 
-// admissionChain runs the admission plugins: NamespaceLifecycle, from the library, NodeRestriction,
-// Priority, which resolves a pod's priorityClassName, and DefaultTolerationSeconds. Skiff's defaulting runs in each kind's strategy. A later issue adds ServiceAccount, LimitRanger, quota and
-// PodSecurity here.
+// admissionChain runs the admission plugins: NamespaceLifecycle, from the library, ServiceAccount, which gives
+// pods their account and API token volume, NodeRestriction, Priority, which resolves a pod's
+// priorityClassName, and DefaultTolerationSeconds. Skiff's defaulting runs in each kind's strategy. A later
+// issue adds LimitRanger, quota and PodSecurity here.
 func admissionChain(client kubernetes.Interface, factory informers.SharedInformerFactory, tolerationSeconds int64) (admission.Interface, error) {
 	nl, err := lifecycle.NewLifecycle(sets.New(metav1.NamespaceDefault, metav1.NamespaceSystem, metav1.NamespacePublic))
 	if err != nil {
@@ -222,7 +228,7 @@ func admissionChain(client kubernetes.Interface, factory informers.SharedInforme
 	if err := nl.ValidateInitialization(); err != nil {
 		return nil, err
 	}
-	return admission.NewChainHandler(nl, newNodeRestriction(factory.Core().V1().Pods().Lister()), newPriorityAdmission(factory),
+	return admission.NewChainHandler(nl, newServiceAccountAdmission(client, factory), newNodeRestriction(factory.Core().V1().Pods().Lister()), newPriorityAdmission(factory),
 		newDefaultTolerationAdmission(tolerationSeconds)), nil
 }
 

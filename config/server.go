@@ -52,6 +52,9 @@ type ServerBlock struct {
 	NodeLeaseGrace           *string `hcl:"node_lease_grace,optional"`
 	PodGCTimeout             *string `hcl:"pod_gc_timeout,optional"`
 	DefaultTolerationSeconds *int    `hcl:"default_toleration_seconds,optional"`
+	// NodeCertificateTTL is the longest a certificate signed through the CSR API lives (node client
+	// certificates among them), as kube-controller-manager's --cluster-signing-duration.
+	NodeCertificateTTL *string `hcl:"node_certificate_ttl,optional"`
 	// Token is the join token node agents present.
 	Token *string `hcl:"token,optional"`
 	// The API answers 429 with Retry-After beyond these many requests in flight, as kube-apiserver does.
@@ -112,7 +115,8 @@ type Server struct {
 	NodeLeaseGrace           time.Duration
 	PodGCTimeout             time.Duration
 	DefaultTolerationSeconds int64
-	JoinToken                string // node agents join with it; the first leader picks one when empty
+	NodeCertificateTTL       time.Duration // see ServerBlock
+	JoinToken                string        // node agents join with it; the first leader picks one when empty
 
 	MaxRequestsInFlight         int
 	MaxMutatingRequestsInFlight int
@@ -162,7 +166,7 @@ func DefaultServerFile() *ServerFile {
 		Ports:    &PortsBlock{API: ptr(6443), Raft: ptr(6444), Gossip: ptr(7946)},
 		Server: &ServerBlock{
 			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"), ClusterDomain: ptr("cluster.local"), ClusterCIDR: ptr("10.244.0.0/16"), EventTTL: ptr("1h"),
-			NodeLeaseGrace: ptr("40s"), PodGCTimeout: ptr("10m"), DefaultTolerationSeconds: ptr(300),
+			NodeLeaseGrace: ptr("40s"), PodGCTimeout: ptr("10m"), DefaultTolerationSeconds: ptr(300), NodeCertificateTTL: ptr("8760h"),
 			MaxRequestsInFlight: ptr(400), MaxMutatingRequestsInFlight: ptr(200),
 			Raft: &RaftBlock{
 				HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms"),
@@ -283,6 +287,7 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 		{"server.event_ttl", f.Server.EventTTL, &s.EventTTL},
 		{"server.node_lease_grace", f.Server.NodeLeaseGrace, &s.NodeLeaseGrace},
 		{"server.pod_gc_timeout", f.Server.PodGCTimeout, &s.PodGCTimeout},
+		{"server.node_certificate_ttl", f.Server.NodeCertificateTTL, &s.NodeCertificateTTL},
 		{"server.raft.heartbeat_timeout", f.Server.Raft.HeartbeatTimeout, &s.HeartbeatTimeout},
 		{"server.raft.election_timeout", f.Server.Raft.ElectionTimeout, &s.ElectionTimeout},
 		{"server.raft.leader_lease_timeout", f.Server.Raft.LeaderLeaseTimeout, &s.LeaderLeaseTimeout},
@@ -291,6 +296,9 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 		{"server.watch_history.age", f.Server.WatchHistory.Age, &s.HistoryAge},
 	} {
 		*d.out = errs.duration(src, d.key, *d.val)
+	}
+	if s.NodeCertificateTTL > 0 && s.NodeCertificateTTL < time.Minute {
+		errs.add(src, "server.node_certificate_ttl", fmt.Sprintf("%q is too short: a certificate must live at least 1m, to be renewed before it expires", *f.Server.NodeCertificateTTL))
 	}
 	if s.Audit.Path != "" && s.Audit.PolicyFile == "" {
 		errs.add(src, "server.audit.policy_file", "is required with server.audit.path: Kubernetes' audit policy says what to record")

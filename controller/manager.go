@@ -30,6 +30,11 @@ type Clients struct {
 	// Members is the gossip pool, for the node lifecycle controller; nil turns it off.
 	Members       Members
 	NodeLifecycle NodeLifecycleConfig
+	// CertificateSigning is the CA the certificate controllers sign with.
+	CertificateSigning CertificateSigning
+	// RootCA is the cluster CA certificate (PEM), which the root CA publisher puts in every namespace as
+	// kube-root-ca.crt for pods to verify the API with.
+	RootCA []byte
 	// ConfigFor, when set, gives the configuration each controller acts with: that of its service account in
 	// kube-system (Kubernetes' names, so the bootstrap RBAC policy bounds it), as kube-controller-manager
 	// does with --use-service-account-credentials. The shared informers keep the manager's own identity.
@@ -111,6 +116,8 @@ var controllers = []struct {
 	{"endpointslice", "endpointslice-controller", runEndpointSliceController},
 	{"endpoints", "endpoint-controller", runEndpointsController},
 	{"clusterrole-aggregation", "clusterrole-aggregation-controller", runClusterRoleAggregation},
+	{"root-ca-cert-publisher", "root-ca-cert-publisher", runRootCACertPublisher},
+	{"certificates", "certificate-controller", runCertificateControllers},
 }
 
 // podsByNode names the pod informer's index by spec.nodeName.

@@ -1,7 +1,14 @@
 package e2e
 
 import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/base64"
+	"encoding/pem"
 	"fmt"
 	"net/http"
 	"os"
@@ -11,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
@@ -34,6 +42,79 @@ func asToken(t *testing.T, admin kubectl, name, token string) kubectl {
 		t.Fatal(err)
 	}
 	return kubectl{t: t, kubeconfig: path}
+}
+
+// csrManifest writes a CertificateSigningRequest manifest for a new key, and returns its path and the key.
+func csrManifest(t *testing.T, name, signer, cn string, orgs ...string) (string, []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{Subject: pkix.Name{CommonName: cn, Organization: orgs}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	request := base64.StdEncoding.EncodeToString(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}))
+	path := filepath.Join(t.TempDir(), name+".yaml")
+	writeFile(t, path, fmt.Sprintf("apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata: {name: %s}\nspec:\n  request: %s\n  signerName: %s\n  usages: [digital signature, client auth]\n", name, request, signer))
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})
+}
+
+func writeFile(t *testing.T, path, body string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// waitForCertificate waits for the signer to issue the named request's certificate.
+func waitForCertificate(t *testing.T, k kubectl, name string) []byte {
+	t.Helper()
+	var cert []byte
+	proctest.WaitFor(t, "the certificate of CSR "+name, 60*time.Second, func() error {
+		out, err := k.run("get", "csr", name, "-o", "jsonpath={.status.certificate}")
+		if err != nil || out == "" {
+			return fmt.Errorf("not issued yet: %s", out)
+		}
+		cert, err = base64.StdEncoding.DecodeString(out)
+		return err
+	})
+	return cert
+}
+
+// asCert is kubectl for a client certificate alone.
+func asCert(t *testing.T, admin kubectl, name string, certPEM, keyPEM []byte) kubectl {
+	t.Helper()
+	cfg, err := clientcmd.LoadFromFile(admin.kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ctx := range cfg.Contexts {
+		cfg.AuthInfos[ctx.AuthInfo] = &clientcmdapi.AuthInfo{ClientCertificateData: certPEM, ClientKeyData: keyPEM}
+	}
+	path := filepath.Join(t.TempDir(), name+".kubeconfig")
+	if err := clientcmd.WriteToFile(*cfg, path); err != nil {
+		t.Fatal(err)
+	}
+	return kubectl{t: t, kubeconfig: path}
+}
+
+// bootstrapNode is a node's TLS bootstrap with the stock kubectl: as the join token's bootstrapper, it asks
+// for the node's client certificate, which the leader approves and signs by itself; kubectl for the node's
+// certificate comes back.
+func bootstrapNode(t *testing.T, admin kubectl, token, node string) kubectl {
+	t.Helper()
+	bootstrapper := asToken(t, admin, "bootstrap-"+node, join.BearerToken(node, token))
+	csrFile, key := csrManifest(t, "bootstrap-"+node, certificatesv1.KubeAPIServerClientKubeletSignerName, "system:node:"+node, "system:nodes")
+	bootstrapper.ok("create", "-f", csrFile)
+	cert := waitForCertificate(t, bootstrapper, "bootstrap-"+node)
+	mustContain(t, "kubectl get csr", admin.ok("get", "csr", "bootstrap-"+node), "Approved,Issued", "system:bootstrap:"+node)
+	return asCert(t, admin, node, cert, key)
 }
 
 // forbidden runs kubectl, which must fail with a 403 whose message contains every want.
@@ -208,13 +289,52 @@ func TestAccessControl(t *testing.T) {
 		}
 	})
 
-	t.Run("nodes", func(t *testing.T) {
-		joinToken, err := os.ReadFile(filepath.Join(p.Dir, "join-token"))
-		if err != nil {
-			t.Fatal(err)
+	joinToken, err := os.ReadFile(filepath.Join(p.Dir, "join-token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Run("certificates", func(t *testing.T) {
+		token := strings.TrimSpace(string(joinToken))
+		// The join token makes a bootstrapper, which may ask for a node certificate and nothing else.
+		bootstrapper := asToken(t, admin, "bootstrap", join.BearerToken("node-x", token))
+		bootstrapper.forbidden([]string{`User "system:bootstrap:node-x" cannot list resource "secrets"`}, "get", "secrets", "-A")
+		wrong := asToken(t, admin, "wrong-token", join.BearerToken("node-x", "not-the-join-token"))
+		csrFile, _ := csrManifest(t, "wrong-token", certificatesv1.KubeAPIServerClientKubeletSignerName, "system:node:node-x", "system:nodes")
+		mustContain(t, "a CSR with a wrong join token", wrong.fails("create", "--validate=false", "-f", csrFile), "Unauthorized")
+		admin.fails("get", "csr", "wrong-token")
+
+		// kubectl certificate approve and deny, for the kube-apiserver-client signer.
+		janeCSR, janeKey := csrManifest(t, "jane", certificatesv1.KubeAPIServerClientSignerName, "jane", "devs")
+		admin.ok("create", "-f", janeCSR)
+		mustContain(t, "kubectl get csr jane", admin.ok("get", "csr", "jane"), "Pending", "kubernetes.io/kube-apiserver-client", "skiff-admin")
+		bootstrapper.forbidden([]string{`cannot update resource "certificatesigningrequests/approval"`}, "certificate", "approve", "jane")
+		admin.ok("certificate", "approve", "jane")
+		jane := asCert(t, admin, "jane", waitForCertificate(t, admin, "jane"), janeKey)
+		mustContain(t, "kubectl get csr jane", admin.ok("get", "csr", "jane"), "Approved,Issued")
+		jane.forbidden([]string{`User "jane" cannot list resource "pods"`}, "get", "pods")
+		deniedCSR, _ := csrManifest(t, "denied", certificatesv1.KubeAPIServerClientSignerName, "mallory")
+		admin.ok("create", "-f", deniedCSR)
+		admin.ok("certificate", "deny", "denied")
+		time.Sleep(2 * time.Second) // a signer that wrongly signed denied requests would have done so by now
+		mustContain(t, "kubectl get csr denied", admin.ok("get", "csr", "denied"), "Denied")
+		if cert := admin.ok("get", "csr", "denied", "-o", "jsonpath={.status.certificate}"); cert != "" {
+			t.Errorf("a denied request was issued a certificate")
 		}
-		nodeA := asToken(t, admin, "node-a", join.BearerToken("node-a", strings.TrimSpace(string(joinToken))))
-		nodeB := asToken(t, admin, "node-b", join.BearerToken("node-b", strings.TrimSpace(string(joinToken))))
+		mastersCSR, _ := csrManifest(t, "root", certificatesv1.KubeAPIServerClientSignerName, "root", "system:masters")
+		admin.forbidden([]string{"use of kubernetes.io/kube-apiserver-client signer with system:masters group is not allowed"}, "create", "-f", mastersCSR)
+
+		// Bad input: kube's validation, with field paths.
+		garbage := filepath.Join(t.TempDir(), "garbage.yaml")
+		writeFile(t, garbage, "apiVersion: certificates.k8s.io/v1\nkind: CertificateSigningRequest\nmetadata: {name: garbage}\nspec: {request: bm90IGEgQ1NS, signerName: kubernetes.io/kube-apiserver-client, usages: [client auth]}\n")
+		mustContain(t, "a CSR that is not one", admin.fails("create", "-f", garbage), "is invalid", "spec.request: Invalid value")
+		unqualified, _ := csrManifest(t, "unqualified", "my-signer", "alice")
+		mustContain(t, "an unqualified signer", admin.fails("create", "-f", unqualified), "is invalid", "spec.signerName: Invalid value")
+	})
+
+	t.Run("nodes", func(t *testing.T) {
+		token := strings.TrimSpace(string(joinToken))
+		nodeA := bootstrapNode(t, admin, token, "node-a")
+		nodeB := bootstrapNode(t, admin, token, "node-b")
 		for _, n := range []kubectl{nodeA, nodeB} {
 			name := strings.TrimSuffix(filepath.Base(n.kubeconfig), ".kubeconfig")
 			applyYAML(t, n, fmt.Sprintf("apiVersion: v1\nkind: Node\nmetadata:\n  name: %s\n", name))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -95,6 +96,26 @@ func (a *Agent) nodeNames() []string {
 	return names
 }
 
+// apiAccess is the node's identity (nodeAccess), or, for many simulated nodes, the kubeconfig's user: one
+// node identity may write only its own Node.
+func (a *Agent) apiAccess(ctx context.Context) (*apiAccess, error) {
+	if a.cfg.Simulated.Kubeconfig == "" || len(a.nodeNames()) <= 1 {
+		return nodeAccess(ctx, a.cfg, a.cfg.Name, a.serverAddrs, a.logger)
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", a.cfg.Simulated.Kubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cfg.UserAgent, cfg.QPS, cfg.Burst = "skiff-agent/"+a.cfg.Name, 50, 100
+	caPEM := cfg.TLSClientConfig.CAData
+	if caPEM == nil && cfg.TLSClientConfig.CAFile != "" {
+		if caPEM, err = os.ReadFile(cfg.TLSClientConfig.CAFile); err != nil {
+			return nil, err
+		}
+	}
+	return &apiAccess{config: cfg, caPEM: caPEM}, nil
+}
+
 // Run joins the cluster, registers the nodes and runs their pods until ctx ends.
 //  1. Fetch and check the cluster CA, and authenticate with the join token; a refusal stops the agent.
 //  2. Connect to containerd (starting a private one when none is configured).
@@ -121,26 +142,19 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	restCfg, err := restConfig(ctx, a.cfg, a.cfg.Name, a.serverAddrs)
-	if err == nil && a.cfg.Simulated.Kubeconfig != "" && len(a.nodeNames()) > 1 {
-		// Many simulated nodes act as the kubeconfig's user: one node identity writes only its own Node.
-		restCfg, err = clientcmd.BuildConfigFromFlags("", a.cfg.Simulated.Kubeconfig)
-		if err == nil {
-			restCfg.UserAgent, restCfg.QPS, restCfg.Burst = "skiff-agent/"+a.cfg.Name, 50, 100
-		}
-	}
+	access, err := a.apiAccess(ctx)
 	if err != nil {
 		return err
 	}
-	if a.client, err = kubernetes.NewForConfig(restCfg); err != nil {
+	if a.client, err = kubernetes.NewForConfig(access.config); err != nil {
 		return err
 	}
-	// The servers may still be electing a leader: wait for the API, but stop at once on a refused token.
+	// The servers may still be electing a leader: wait for the API.
 	for {
-		_, err := a.client.CoreV1().Nodes().List(ctx, metav1.ListOptions{Limit: 1})
+		_, err := a.client.CoreV1().Nodes().Get(ctx, a.cfg.Name, metav1.GetOptions{})
 		if apierrors.IsUnauthorized(err) {
 			return ErrJoinRefused
-		} else if err == nil {
+		} else if err == nil || apierrors.IsNotFound(err) {
 			break
 		}
 		a.logger.Warn("waiting for the API", "servers", a.serverAddrs(), "error", err)
@@ -216,7 +230,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	endpointErr := make(chan error, 1)
 	if a.cfg.Runtime == config.RuntimeContainerd {
-		if err := a.startEndpoint(ctx, restCfg.TLSClientConfig.CAData, endpointErr); err != nil {
+		if err := a.startEndpoint(ctx, access.caPEM, endpointErr); err != nil {
 			return err
 		}
 		go a.resyncAll(ctx, 30*time.Second)
@@ -229,7 +243,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			a.wg.Add(1) // CoreDNS stops before Run returns
 			go func() {
 				defer a.wg.Done()
-				a.runClusterDNS(ctx, restCfg, node, rt.podCIDR)
+				a.runClusterDNS(ctx, access, node, rt.podCIDR)
 			}()
 		}
 		if a.cfg.Proxy.Enabled {

@@ -17,7 +17,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/informers"
-	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/skiff-dev/skiff/config"
@@ -169,7 +168,7 @@ func dnsDir(cfg *config.Agent) string { return filepath.Join(cfg.DataDir, "dns")
 //  5. recheck every 30 s (readiness, the slice itself, the servers); replace the process when the facts change.
 //
 // When ctx ends the process is left running, as the pods are: it stops only at teardown.
-func (a *Agent) runClusterDNS(ctx context.Context, restCfg *rest.Config, node *corev1.Node, podCIDR string) {
+func (a *Agent) runClusterDNS(ctx context.Context, access *apiAccess, node *corev1.Node, podCIDR string) {
 	logger := a.logger.Named("dns")
 	gw, ipn, err := gatewayAddr(podCIDR)
 	if err != nil {
@@ -188,7 +187,7 @@ func (a *Agent) runClusterDNS(ctx context.Context, restCfg *rest.Config, node *c
 	for {
 		facts, known, changed := a.facts.get()
 		if known {
-			started, err := a.ensureNodeDNS(ctx, binary, facts, gw, ipn, restCfg)
+			started, err := a.ensureNodeDNS(ctx, binary, facts, gw, ipn, access)
 			switch {
 			case err != nil:
 				failures++
@@ -228,7 +227,7 @@ func (a *Agent) runClusterDNS(ctx context.Context, restCfg *rest.Config, node *c
 }
 
 // ensureNodeDNS renders the Corefile for the facts and has the node's DNS process serve it.
-func (a *Agent) ensureNodeDNS(ctx context.Context, binary string, facts dns.Facts, gw net.IP, ipn *net.IPNet, restCfg *rest.Config) (bool, error) {
+func (a *Agent) ensureNodeDNS(ctx context.Context, binary string, facts dns.Facts, gw net.IP, ipn *net.IPNet, access *apiAccess) (bool, error) {
 	if err := ensureBridge(ctx, bridgeName(a.cfg.Name, a.cfg.DataDir), gw, ipn); err != nil {
 		return false, err
 	}
@@ -242,7 +241,7 @@ func (a *Agent) ensureNodeDNS(ctx context.Context, binary string, facts dns.Fact
 	if err != nil {
 		return false, corefileError(a.cfg, err)
 	}
-	spec := dns.Spec{Corefile: corefile, Servers: a.serverAddrs(), CA: restCfg.TLSClientConfig.CAData, Token: restCfg.BearerToken}
+	spec := dns.Spec{Corefile: corefile, Servers: a.serverAddrs(), CA: access.caPEM, ClientCert: access.clientCertFile}
 	return dns.EnsureChild(dir, binary, spec, a.logger.Named("dns"))
 }
 

@@ -119,6 +119,10 @@ func getSecret(ctx context.Context, get objectGetter, namespace, name string, op
 // ConfigMap or Secret satisfies apierrors.IsNotFound and is worth retrying. The volumes that were set up are returned either way.
 // Secret and projected volumes, like memory-backed emptyDirs, are tmpfs mounts, so that secrets never reach
 // the disk; that needs CAP_SYS_ADMIN. It must not run concurrently for the same pod.
+//
+// A projected serviceAccountToken source needs a getter that is also a tokenRequester; its token is requested
+// bound to the pod and then kept fresh between syncs (satoken.go). ctx is the agent's: the tokens stop being
+// refreshed when it ends, or when teardownVolumes removes the pod's volumes.
 func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objectGetter) (podVolumes, error) {
 	for i := range pod.Spec.Volumes {
 		if err := checkVolumeSupported(i, &pod.Spec.Volumes[i]); err != nil {
@@ -129,7 +133,7 @@ func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objec
 	if err := os.MkdirAll(root, 0o750); err != nil {
 		return nil, err
 	}
-	s := &volumeSetup{ctx: ctx, pod: pod, root: root, get: newCachingGetter(get)}
+	s := &volumeSetup{ctx: ctx, pod: pod, root: root, get: newCachingGetter(get), tokens: tokenRequesterOf(get)}
 	vols := podVolumes{}
 	var errs []error
 	for i := range pod.Spec.Volumes {
@@ -176,7 +180,9 @@ func checkVolumeSupported(i int, v *corev1.Volume) error {
 		for j, ps := range src.Projected.Sources {
 			switch {
 			case ps.ServiceAccountToken != nil:
-				return notSupported("spec.volumes[%d].projected.sources[%d]: projected service account tokens are not supported yet", i, j)
+				if ps.ServiceAccountToken.Path == "" {
+					return fmt.Errorf("spec.volumes[%d].projected.sources[%d].serviceAccountToken.path: Required value", i, j)
+				}
 			case ps.ConfigMap != nil, ps.Secret != nil:
 			case ps.DownwardAPI != nil:
 				for k, item := range ps.DownwardAPI.Items {
@@ -213,11 +219,21 @@ func setFieldName(v reflect.Value) string {
 
 // volumeSetup is one setupVolumes call.
 type volumeSetup struct {
-	ctx   context.Context
-	pod   *corev1.Pod
-	root  string
-	get   objectGetter
-	alloc corev1.ResourceList // the host's capacity, read when first needed
+	ctx    context.Context
+	pod    *corev1.Pod
+	root   string
+	get    objectGetter
+	tokens tokenRequester      // nil when the getter cannot request service account tokens
+	alloc  corev1.ResourceList // the host's capacity, read when first needed
+}
+
+// tokenRequesterOf is the getter as a tokenRequester, or nil.
+func tokenRequesterOf(get objectGetter) tokenRequester {
+	if c, ok := get.(*cachingGetter); ok {
+		get = c.get
+	}
+	tokens, _ := get.(tokenRequester)
+	return tokens
 }
 
 func (s *volumeSetup) fsGroup() *int64 {
@@ -288,7 +304,18 @@ func (s *volumeSetup) setup(v *corev1.Volume) (string, error) {
 		}
 		return s.writeVolume(pluginDownwardAPI, v.Name, false, payload)
 	case src.Projected != nil:
-		payload, err := s.projectedPayload(src.Projected)
+		var tokens *tokenVolume
+		if hasTokenSource(src.Projected) {
+			if s.tokens == nil {
+				return "", notSupported("this node cannot request service account tokens")
+			}
+			// Held until the volume is written: a refresh of its tokens waits for this sync.
+			tokens = projectedTokens.volume(s.ctx, filepath.Join(s.root, pluginProjected, v.Name), s.tokens)
+			tokens.mu.Lock()
+			defer tokens.mu.Unlock()
+			tokens.fsGroup = s.fsGroup()
+		}
+		payload, err := s.projectedPayload(src.Projected, tokens)
 		if err != nil {
 			return "", err
 		}
@@ -498,12 +525,23 @@ func (s *volumeSetup) downwardAPIPayload(items []corev1.DownwardAPIVolumeFile, d
 	return payload, errors.Join(errs...)
 }
 
-// projectedPayload merges a projected volume's sources, later ones winning on the same path.
-func (s *volumeSetup) projectedPayload(p *corev1.ProjectedVolumeSource) (map[string]fileProjection, error) {
+// hasTokenSource says whether a projected volume holds a service account token.
+func hasTokenSource(p *corev1.ProjectedVolumeSource) bool {
+	for _, src := range p.Sources {
+		if src.ServiceAccountToken != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// projectedPayload merges a projected volume's sources, later ones winning on the same path. tokens holds
+// the volume's service account tokens (nil when it has none), locked by the caller.
+func (s *volumeSetup) projectedPayload(p *corev1.ProjectedVolumeSource, tokens *tokenVolume) (map[string]fileProjection, error) {
 	defaultMode := fileMode(p.DefaultMode, 0o644)
 	payload := map[string]fileProjection{}
 	var errs []error
-	for _, src := range p.Sources {
+	for i, src := range p.Sources {
 		var part map[string]fileProjection
 		var err error
 		switch {
@@ -521,6 +559,17 @@ func (s *volumeSetup) projectedPayload(p *corev1.ProjectedVolumeSource) (map[str
 			}
 		case src.DownwardAPI != nil:
 			part, err = s.downwardAPIPayload(src.DownwardAPI.Items, defaultMode)
+		case src.ServiceAccountToken != nil:
+			// As the kubelet does, a pod with an fsGroup gets its token readable by owner and group only.
+			mode := defaultMode
+			if s.fsGroup() != nil {
+				mode = 0o600
+			}
+			spec := newTokenSpec(s.pod, src.ServiceAccountToken, mode)
+			var token []byte
+			if token, err = tokens.token(s.ctx, i, spec); err == nil {
+				part = map[string]fileProjection{spec.path: {data: token, mode: mode}}
+			}
 		default:
 			err = errors.New("unsupported projection") // checkVolumeSupported ran first
 		}
@@ -798,6 +847,7 @@ func chownToFSGroup(root string, gid int64, readOnly bool) error {
 // propagated there), and removes nothing while a mount remains, so that it never deletes through a mount.
 // hostPath directories and files are the host's and stay; podDir itself stays.
 func teardownVolumes(podDir string) error {
+	projectedTokens.forget(podDir) // no refresh writes into what is being removed
 	root := filepath.Join(podDir, volumesDirName)
 	if _, err := os.Lstat(root); errors.Is(err, fs.ErrNotExist) {
 		return nil

@@ -572,10 +572,6 @@ func TestSetupVolumesUnsupported(t *testing.T) {
 			"spec.volumes[2]: nfs volumes are not supported by this node"},
 		{"hugepages", corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumHugePages}},
 			`spec.volumes[2].emptyDir.medium: "HugePages" is not supported by this node`},
-		{"token", corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
-			{ConfigMap: &corev1.ConfigMapProjection{LocalObjectReference: corev1.LocalObjectReference{Name: "ca"}}},
-			{ServiceAccountToken: &corev1.ServiceAccountTokenProjection{Path: "token"}}}}},
-			"spec.volumes[2].projected.sources[1]: projected service account tokens are not supported yet"},
 		{"trust bundle", corev1.VolumeSource{Projected: &corev1.ProjectedVolumeSource{Sources: []corev1.VolumeProjection{
 			{ClusterTrustBundle: &corev1.ClusterTrustBundleProjection{Path: "b"}}}}},
 			"spec.volumes[2].projected.sources[0]: clusterTrustBundle projections are not supported by this node"},

@@ -24,8 +24,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/internal/join"
 	rt "github.com/skiff-dev/skiff/raftnode/raftnodetest"
 )
@@ -362,6 +364,30 @@ func TestAgentCertsOnAServer(t *testing.T) {
 			return string(pem.EncodeToMemory(block))
 		}
 		const adminCert = "(the admin kubeconfig's certificate)"
+		// nodeCert+name is the node's client certificate, as an agent holds after TLS bootstrap.
+		const nodeCert = "(a node certificate) "
+		_, ca, caKey, err := s.clusterCA()
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodeClient := func(t *testing.T, node string) *http.Client {
+			t.Helper()
+			certPEM, keyPEM, err := issueClientCertPEM(ca, caKey, pkix.Name{CommonName: "system:node:" + node, Organization: nodes}, time.Hour)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg, err := clientcmd.BuildConfigFromFlags("", s.KubeconfigPath())
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg = rest.AnonymousClientConfig(cfg)
+			cfg.CertData, cfg.KeyData = certPEM, keyPEM
+			hc, err := rest.HTTPClientFor(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return hc
+		}
 		post := func(t *testing.T, method, bearer, body string) (int, string) {
 			t.Helper()
 			req, err := http.NewRequest(method, kc.host+join.ServingCertPath, strings.NewReader(body))
@@ -370,10 +396,13 @@ func TestAgentCertsOnAServer(t *testing.T) {
 			}
 			// The admin is known by the kubeconfig's certificate; anyone else by a bearer token or nothing.
 			client := kc.bare
-			switch bearer {
-			case adminCert:
+			switch {
+			case bearer == adminCert:
 				client = kc.hc
-			case "":
+			case strings.HasPrefix(bearer, nodeCert):
+				client = nodeClient(t, strings.TrimPrefix(bearer, nodeCert))
+				bearer = ""
+			case bearer == "":
 			default:
 				req.Header.Set("Authorization", "Bearer "+bearer)
 			}
@@ -386,7 +415,7 @@ func TestAgentCertsOnAServer(t *testing.T) {
 			raw, _ := io.ReadAll(resp.Body)
 			return resp.StatusCode, string(raw)
 		}
-		agent1 := join.BearerToken("agent-1", joinToken)
+		agent1 := nodeCert + "agent-1"
 
 		t.Run("issued", func(t *testing.T) {
 			code, body := post(t, http.MethodPost, agent1, csrPEM(t, "system:node:agent-1", nodes, []string{"agent-1", "agent-1.local"}, "127.0.0.2"))
@@ -455,7 +484,7 @@ func TestAgentCertsOnAServer(t *testing.T) {
 			{"no organization", http.MethodPost, agent1, func(t *testing.T) string {
 				return csrPEM(t, "system:node:agent-1", nil, []string{"agent-1"})
 			}, http.StatusForbidden, "O=system:nodes"},
-			{"a node without a Node", http.MethodPost, join.BearerToken("ghost", joinToken), func(t *testing.T) string {
+			{"a node without a Node", http.MethodPost, nodeCert + "ghost", func(t *testing.T) string {
 				return csrPEM(t, "system:node:ghost", nodes, []string{"ghost"})
 			}, http.StatusForbidden, `node "ghost"`},
 			{"the admin", http.MethodPost, adminCert, func(t *testing.T) string {
@@ -464,6 +493,10 @@ func TestAgentCertsOnAServer(t *testing.T) {
 			{"a wrong join token", http.MethodPost, join.BearerToken("agent-1", "not-the-join-token"), func(t *testing.T) string {
 				return csrPEM(t, "system:node:agent-1", nodes, []string{"agent-1"})
 			}, http.StatusUnauthorized, ""},
+			// The join token only bootstraps: it is not the node.
+			{"the join token", http.MethodPost, join.BearerToken("agent-1", joinToken), func(t *testing.T) string {
+				return csrPEM(t, "system:node:agent-1", nodes, []string{"agent-1"})
+			}, http.StatusForbidden, ""},
 		}
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
@@ -493,4 +526,23 @@ func TestAgentCertsOnAServer(t *testing.T) {
 			t.Fatalf("anonymous: %d %s, want 401", code, body)
 		}
 	})
+}
+
+// A pod reaches the API as client-go's in-cluster config does, at the kubernetes Service's ClusterIP, or by
+// its DNS names: the serving certificate must carry them all, as kube-apiserver's does.
+func TestServingCertCarriesInClusterNames(t *testing.T) {
+	c := &servingCerts{s: &Server{cfg: &config.Server{Name: "s1", BindAddr: "127.0.0.1", ServiceCIDR: "10.96.0.0/16", ClusterDomain: "cluster.local"}}}
+	cert, err := c.issue(nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := x509.ParseCertificate(cert.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"10.96.0.1", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "127.0.0.1", "s1"} {
+		if err := leaf.VerifyHostname(name); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
 }

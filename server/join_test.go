@@ -2,8 +2,14 @@ package server_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
 	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"io"
 	"net/http"
 	"os"
@@ -12,11 +18,14 @@ import (
 	"testing"
 	"time"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	certutil "k8s.io/client-go/util/cert"
+	"k8s.io/client-go/util/certificate/csr"
 
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/internal/join"
@@ -25,7 +34,8 @@ import (
 
 // TestAgentJoinCredentials checks the server half of an agent's join: the join token from the HCL is the
 // cluster's and is written to the data dir, the CA is served with an HMAC under it, an agent's bearer token
-// authenticates as its node, a wrong token gets 401, and a node may not use the operator endpoints.
+// makes it a bootstrapper that gets its node's client certificate through the CSR API (and may do nothing
+// else), a wrong token gets 401, and a node may not use the operator endpoints.
 func TestAgentJoinCredentials(t *testing.T) {
 	const token = "0123456789abcdef-join"
 	peers := servertest.StartWith(t, 1, func(f *config.ServerFile) { f.Server.Token = ptr(token) })
@@ -65,16 +75,56 @@ func TestAgentJoinCredentials(t *testing.T) {
 	agentConfig := func(bearer string) *rest.Config {
 		return &rest.Config{Host: peers[0].Config.Host, BearerToken: bearer, TLSClientConfig: rest.TLSClientConfig{CAData: ca}}
 	}
-	agent := kubernetes.NewForConfigOrDie(agentConfig(join.BearerToken("node-1", token)))
+	// The join token makes a bootstrapper, which may not act as its node...
+	bootstrapper := kubernetes.NewForConfigOrDie(agentConfig(join.BearerToken("node-1", token)))
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "node-1"}}
-	if _, err := agent.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("agent creating its Node: %v", err)
+	if _, err := bootstrapper.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+		t.Fatalf("a bootstrapper creating a Node: %v, want 403", err)
 	}
 	wrong := kubernetes.NewForConfigOrDie(agentConfig(join.BearerToken("node-1", "wrong-token-value")))
 	if _, err := wrong.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{}); !apierrors.IsUnauthorized(err) {
 		t.Fatalf("wrong join token: %v, want 401", err)
 	}
-	httpClient, err := rest.HTTPClientFor(agentConfig(join.BearerToken("node-1", token)))
+	// ...but may ask for the node's client certificate, which the leader approves and signs (TLS bootstrap).
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csrPEM, err := certutil.MakeCSR(key, &pkix.Name{CommonName: "system:node:node-1", Organization: []string{"system:nodes"}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usages := []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
+	name, uid, err := csr.RequestCertificate(bootstrapper, csrPEM, "", certificatesv1.KubeAPIServerClientKubeletSignerName, nil, usages, key)
+	if err != nil {
+		t.Fatalf("a bootstrapper asking for a node certificate: %v", err)
+	}
+	// It may not approve a request itself.
+	pending, err := bootstrapper.CertificatesV1().CertificateSigningRequests().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pending.Status.Conditions = append(pending.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue})
+	if _, err := bootstrapper.CertificatesV1().CertificateSigningRequests().UpdateApproval(ctx, name, pending, metav1.UpdateOptions{}); !apierrors.IsForbidden(err) && !apierrors.IsConflict(err) {
+		t.Fatalf("a bootstrapper approving its own request: %v, want 403", err)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	certPEM, err := csr.WaitForCertificate(waitCtx, bootstrapper, name, uid)
+	if err != nil {
+		t.Fatalf("waiting for the node certificate: %v", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodeConfig := &rest.Config{Host: peers[0].Config.Host, TLSClientConfig: rest.TLSClientConfig{CAData: ca, CertData: certPEM,
+		KeyData: pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})}}
+	agent := kubernetes.NewForConfigOrDie(nodeConfig)
+	if _, err := agent.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("the node creating its Node with its certificate: %v", err)
+	}
+	httpClient, err := rest.HTTPClientFor(nodeConfig)
 	if err != nil {
 		t.Fatal(err)
 	}

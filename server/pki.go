@@ -212,12 +212,18 @@ func (c *servingCerts) issuePEM(ca *x509.Certificate, caKey *ecdsa.PrivateKey) (
 		NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(1, 0, 0),
 		KeyUsage:    x509.KeyUsageDigitalSignature,
 		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
-		DNSNames:    []string{"localhost", cfg.Name, "kubernetes", "kubernetes.default", "kubernetes.default.svc"},
+		// The names and the ClusterIP pods reach the API by, as kube-apiserver's certificate carries them:
+		// client-go's in-cluster config dials the ClusterIP.
+		DNSNames: []string{"localhost", cfg.Name, "kubernetes", "kubernetes.default", "kubernetes.default.svc",
+			"kubernetes.default.svc." + cfg.ClusterDomain},
 	}
 	for _, a := range []string{cfg.BindAddr, cfg.AdvertiseAddr, "127.0.0.1"} {
 		if ip := net.ParseIP(a); ip != nil && !ip.IsUnspecified() {
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
 		}
+	}
+	if ip, err := kubernetesServiceIP(cfg.ServiceCIDR); err == nil {
+		tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
 	}
 	parent, signer := tmpl, any(key)
 	if ca != nil {

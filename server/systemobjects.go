@@ -2,7 +2,11 @@ package server
 
 import (
 	"context"
+	"crypto/x509"
+	"encoding/pem"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -67,16 +71,25 @@ func (s *Server) runSystemObjects(ctx context.Context) {
 	}
 }
 
-// reconcileKubernetesService keeps default/kubernetes, the Service pods reach the API through: the first
-// address of the service CIDR, with one endpoint per alive server.
-func (s *Server) reconcileKubernetesService(ctx context.Context, client kubernetes.Interface) error {
-	_, cidr, err := net.ParseCIDR(s.cfg.ServiceCIDR)
+// kubernetesServiceIP is the ClusterIP of default/kubernetes: the first address of the service CIDR.
+func kubernetesServiceIP(serviceCIDR string) (net.IP, error) {
+	_, cidr, err := net.ParseCIDR(serviceCIDR)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	first := make(net.IP, 4)
 	copy(first, cidr.IP.To4())
 	first[3]++
+	return first, nil
+}
+
+// reconcileKubernetesService keeps default/kubernetes, the Service pods reach the API through: the first
+// address of the service CIDR, with one endpoint per alive server.
+func (s *Server) reconcileKubernetesService(ctx context.Context, client kubernetes.Interface) error {
+	first, err := kubernetesServiceIP(s.cfg.ServiceCIDR)
+	if err != nil {
+		return err
+	}
 	services := client.CoreV1().Services(metav1.NamespaceDefault)
 	if _, err := services.Get(ctx, "kubernetes", metav1.GetOptions{}); apierrors.IsNotFound(err) {
 		_, err = services.Create(ctx, &corev1.Service{
@@ -256,7 +269,41 @@ func (s *Server) runControllers(ctx context.Context) {
 	}
 	clients.Members = s.pool
 	clients.NodeLifecycle = controller.NodeLifecycleConfig{LeaseGrace: s.cfg.NodeLeaseGrace, PodGCTimeout: s.cfg.PodGCTimeout}
+	if clients.RootCA, _, _, err = s.clusterCA(); err != nil {
+		s.logger.Error("reading the cluster CA: kube-root-ca.crt will not be published", "error", err)
+	}
+	if clients.CertificateSigning, err = s.writeSigningCA(); err != nil {
+		s.logger.Error("writing the cluster CA for the certificate signers: CSRs will not be signed", "error", err)
+	}
 	controller.Run(ctx, clients)
+}
+
+// signingCADir is where, under the data dir, the leader keeps the cluster CA's certificate and key as files,
+// which Kubernetes' CSR signers read (the data dir holds them already, in the Raft store).
+const signingCADir = "pki"
+
+// writeSigningCA writes the cluster CA for the certificate signers and says where it is.
+func (s *Server) writeSigningCA() (controller.CertificateSigning, error) {
+	caPEM, _, key, err := s.clusterCA()
+	if err != nil {
+		return controller.CertificateSigning{}, err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return controller.CertificateSigning{}, err
+	}
+	dir := filepath.Join(s.cfg.DataDir, signingCADir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return controller.CertificateSigning{}, err
+	}
+	signing := controller.CertificateSigning{CAFile: filepath.Join(dir, "ca.crt"), KeyFile: filepath.Join(dir, "ca.key"), Duration: s.cfg.NodeCertificateTTL}
+	if err := writeFileAtomic(signing.CAFile, caPEM); err != nil {
+		return controller.CertificateSigning{}, err
+	}
+	if err := writeFileAtomic(signing.KeyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})); err != nil {
+		return controller.CertificateSigning{}, err
+	}
+	return signing, nil
 }
 
 // runScheduler is a leader service: the scheduler, through this peer's API, as system:kube-scheduler.

@@ -5,16 +5,26 @@ package servertest
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/certificate/csr"
 
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/internal/freeport"
@@ -119,3 +129,50 @@ func ptr[T any](v T) *T { return &v }
 type testLog struct{ t testing.TB }
 
 func (l testLog) Write(b []byte) (int, error) { l.t.Logf("%s", b); return len(b), nil }
+
+// NodeClientCert gets a client certificate for system:node:<node> through the CSR API, as an agent does
+// after TLS bootstrap, and returns the file holding it and its key (PEM, one file, as a kubeconfig's
+// client-certificate and client-key may both name it). The CSR is approved by the peer's admin, and signed by
+// the leader's signer.
+func NodeClientCert(t testing.TB, p *Peer, node string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+		Subject: pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}}}, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	csrs := p.Client.CertificatesV1().CertificateSigningRequests()
+	req, err := csrs.Create(ctx, &certificatesv1.CertificateSigningRequest{
+		ObjectMeta: metav1.ObjectMeta{GenerateName: "node-" + node + "-"},
+		Spec: certificatesv1.CertificateSigningRequestSpec{SignerName: certificatesv1.KubeAPIServerClientKubeletSignerName,
+			Request: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE REQUEST", Bytes: der}),
+			Usages:  []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Status.Conditions = append(req.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+		Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "ServertestApproved"})
+	if _, err := csrs.UpdateApproval(ctx, req.Name, req, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	certPEM, err := csr.WaitForCertificate(ctx, p.Client, req.Name, req.UID)
+	if err != nil {
+		t.Fatalf("waiting for the signer: %v", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), node+".pem")
+	if err := os.WriteFile(path, append(certPEM, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})...), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}

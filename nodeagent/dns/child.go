@@ -43,7 +43,10 @@ type Spec struct {
 	// Servers are the API servers' host:port, in the order to try; the agent rewrites them as it learns.
 	Servers []string `json:"servers"`
 	CA      []byte   `json:"ca"`
-	Token   string   `json:"token"`
+	// ClientCert is the file with the node's client certificate and key (PEM), which client-go rereads when
+	// the agent renews it; Token is a bearer token instead.
+	ClientCert string `json:"client_cert,omitempty"`
+	Token      string `json:"token,omitempty"`
 }
 
 func (s Spec) corefileHash() string {
@@ -232,7 +235,7 @@ func runChild(dir string, logger hclog.Logger) error {
 			}
 		}
 	}()
-	if err := WriteKubeconfig(KubeconfigPath(dir), fwd.Addr(), spec.CA, spec.Token); err != nil {
+	if err := WriteKubeconfig(KubeconfigPath(dir), fwd.Addr(), spec.CA, Credentials{ClientCert: spec.ClientCert, Token: spec.Token}); err != nil {
 		return err
 	}
 	srv, err := Start(spec.Corefile, logger.Named("k8s"))

@@ -24,9 +24,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/internal/freeport"
-	"github.com/skiff-dev/skiff/internal/join"
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
@@ -43,8 +41,7 @@ type dnsCluster struct {
 // startDNSCluster starts it all; t.Cleanup stops everything, in reverse order, whether the test passed or not.
 func startDNSCluster(t testing.TB) *dnsCluster {
 	t.Helper()
-	joinToken := "coredns-test-join-token"
-	peer := servertest.StartWith(t, 1, func(f *config.ServerFile) { f.Server.Token = &joinToken })[0]
+	peer := servertest.Start(t, 1)[0]
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	c := &dnsCluster{}
@@ -126,7 +123,7 @@ func startDNSCluster(t testing.TB) *dnsCluster {
 	kubeconfig := filepath.Join(t.TempDir(), "dns", "kubeconfig")
 	// CoreDNS reads the API as the agent does: as its node, which the bootstrap RBAC policy lets read
 	// Services, EndpointSlices and Namespaces.
-	if err := WriteKubeconfig(kubeconfig, fwd.Addr(), peer.Config.CAData, join.BearerToken("dns-node", joinToken)); err != nil {
+	if err := WriteKubeconfig(kubeconfig, fwd.Addr(), peer.Config.CAData, Credentials{ClientCert: servertest.NodeClientCert(t, peer, "dns-node")}); err != nil {
 		t.Fatal(err)
 	}
 	ports := freeport.Take(t, []string{"127.0.0.1"}, 3)

@@ -16,6 +16,9 @@
 // As a client, for network tests that need a pod's point of view (see client.go): /fetch, /load/start,
 // /load/stop and /dns.
 //
+// With -get URL it serves nothing: it GETs URL once (apiget.go), with -bearer-file and -ca-file for a pod's
+// service account credentials, prints "HTTP <code>" and the body, and exits (1 if no response came).
+//
 // On SIGTERM it prints "got SIGTERM" to stdout, and to the file -term-file names if any, then exits 0; with
 // -ignore-sigterm it ignores SIGTERM, so that only SIGKILL stops it (for graceful-deletion tests).
 package main
@@ -43,7 +46,17 @@ func main() {
 	port := flag.String("port", defaultPort, "port to listen on (default $PORT, or else 8080)")
 	ignoreTerm := flag.Bool("ignore-sigterm", false, "ignore SIGTERM")
 	termFile := flag.String("term-file", "", "file to write \"got SIGTERM\" to on SIGTERM")
+	getURL := flag.String("get", "", "GET this URL once, print \"HTTP <code>\" and the body, and exit instead of serving")
+	bearerFile := flag.String("bearer-file", "", "with -get: the file whose content is sent as a bearer token")
+	caFile := flag.String("ca-file", "", "with -get: the CA certificates that verify the server")
 	flag.Parse()
+	if *getURL != "" {
+		if err := getOnce(*getURL, *bearerFile, *caFile); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		return
+	}
 
 	// Signal handling is set up before the start line is printed, so that a test that waits for the line may
 	// signal at once.
