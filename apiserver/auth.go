@@ -5,6 +5,7 @@ import (
 	"crypto/subtle"
 	"net/http"
 	"slices"
+	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -12,6 +13,7 @@ import (
 	"k8s.io/apiserver/pkg/authentication/request/bearertoken"
 	"k8s.io/apiserver/pkg/authentication/request/union"
 	x509request "k8s.io/apiserver/pkg/authentication/request/x509"
+	tokencache "k8s.io/apiserver/pkg/authentication/token/cache"
 	"k8s.io/apiserver/pkg/authentication/user"
 
 	"github.com/skiff-dev/skiff/internal/join"
@@ -35,9 +37,15 @@ func requestAuthenticator(clientCA x509request.VerifyOptionFunc, adminToken stri
 	})
 	// Every authenticated user is in system:authenticated, added as kube-apiserver adds it.
 	certs := x509request.NewDynamic(clientCA, x509request.CommonNameUserConversion)
-	tokens := bearertoken.New(tokenAuthenticator(adminToken, joinToken, saTokens))
+	// Token answers are cached as kube-apiserver caches them (--authentication-token-success-cache-ttl,
+	// 10 s; failures are not cached): a service account token is otherwise verified, and its pod looked up,
+	// on every request.
+	tokens := bearertoken.New(tokencache.New(tokenAuthenticator(adminToken, joinToken, saTokens), true, tokenSuccessCacheTTL, 0))
 	return union.NewFailOnError(group.NewAuthenticatedGroupAdder(union.New(certs, tokens)), anonymous)
 }
+
+// tokenSuccessCacheTTL is how long a token's authentication is remembered: kube-apiserver's default.
+const tokenSuccessCacheTTL = 10 * time.Second
 
 // BootstrappersGroup is the group of the join token's users, as of Kubernetes' bootstrap tokens: they may ask
 // for a node client certificate through the CSR API, and do nothing else.

@@ -122,9 +122,7 @@ func BenchmarkAPI(b *testing.B) {
 	c, clients := apiCluster(b)
 	ctx := context.Background()
 	for _, ns := range []string{"bench", "watch"} {
-		if _, err := clients[0].CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-			b.Fatal(err)
-		}
+		createNamespace(b, ctx, clients[0], ns)
 	}
 	const conc = 64
 	n := b.N
@@ -210,9 +208,7 @@ func BenchmarkAPI(b *testing.B) {
 func rbacCreates(b *testing.B, c *proctest.Cluster, admin []kubernetes.Interface, n, conc int) (float64, float64) {
 	ctx := context.Background()
 	const ns = "bench-rbac"
-	if _, err := admin[0].CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		b.Fatal(err)
-	}
+	createNamespace(b, ctx, admin[0], ns)
 	if _, err := admin[0].CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "writer"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		b.Fatal(err)
 	}

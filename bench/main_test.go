@@ -1,8 +1,15 @@
 package bench
 
 import (
+	"context"
 	"os"
 	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/skiff-dev/skiff/internal/proctest"
 )
@@ -12,4 +19,24 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	proctest.RemoveBuiltBinary()
 	os.Exit(code)
+}
+
+// createNamespace creates a namespace and waits for its default service account, as a user of a fresh
+// namespace must: the ServiceAccount admission refuses pods until the controller has made it.
+func createNamespace(tb testing.TB, ctx context.Context, client kubernetes.Interface, ns string) {
+	tb.Helper()
+	if _, err := client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		tb.Fatal(err)
+	}
+	deadline := time.Now().Add(time.Minute)
+	for {
+		_, err := client.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("namespace %s has no default service account after a minute: %v", ns, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

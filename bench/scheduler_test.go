@@ -70,9 +70,7 @@ func BenchmarkScheduler(b *testing.B) {
 	b.ResetTimer()
 	for _, row := range rows {
 		ns := "sched-" + row.name
-		if _, err := clients[0].CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-			b.Fatal(err)
-		}
+		createNamespace(b, ctx, clients[0], ns)
 		cpu := startCPU(b, c)
 		profiled := profileServers(b, clients, row.name, 10*time.Second)
 		rate, p50, p99 := measureBinding(b, clients, ns, row.pods, row.pod)
