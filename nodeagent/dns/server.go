@@ -3,6 +3,7 @@ package dns
 import (
 	"errors"
 	"fmt"
+	"log"
 	"sync"
 
 	"github.com/coredns/caddy"
@@ -27,23 +28,12 @@ var setup = sync.OnceValue(func() error {
 		return err
 	}
 	caddy.Quiet, dnsserver.Quiet = true, true
-	// The kubernetes plugin's setup points klog (process-wide) at CoreDNS's logger. This callback runs right
-	// after that setup and before the plugin starts its informers, so the informers never log while klog is
-	// being repointed.
-	caddy.RegisterParsingCallback("dns", "kubernetes", func(caddy.Context) error {
-		if klogTarget != nil {
-			routeKlog(klogTarget)
-		}
-		return nil
-	})
 	return nil
 })
 
 var (
 	// startMu serializes starts and stops: caddy reads the directive list and its registries without locks.
 	startMu sync.Mutex
-	// klogTarget is the logger klog goes to once the kubernetes plugin is set up; under startMu.
-	klogTarget hclog.Logger
 )
 
 // Server is one running CoreDNS instance.
@@ -53,24 +43,28 @@ type Server struct {
 	err  error
 }
 
-// Start starts CoreDNS with a rendered Corefile. A Corefile error is a *LineError. The Kubernetes client
-// libraries' log (klog, process-wide) goes to klogTo afterwards (nil: where CoreDNS points it); CoreDNS's
-// own plugins log through the standard library's log package.
+// Start starts CoreDNS with a rendered Corefile. A Corefile error is a *LineError. CoreDNS's plugins log
+// through the standard library's log package, and so do the Kubernetes client libraries (klog), which the
+// kubernetes plugin points at CoreDNS's logger: Start sends that package's output to logTo (nil: leaves it
+// alone). It is process-wide, like klog: Start is for the node's DNS process, which runs nothing else.
 //
-// klog is repointed (by the kubernetes plugin, then here) while the process may already log through it (the
-// agent's informers run), which klog does not synchronize: the race detector reports it when Start runs
-// beside other klog users, so the tests run CoreDNS in a child process. The write is one pointer.
+// klog is left where the kubernetes plugin points it. Repointing it afterwards would race with the client
+// goroutines the plugin has started by then (client-go's client certificate reloader logs at once), which
+// klog does not synchronize.
 //
 // A forwarding loop the loop plugin detects ends the whole process, as it ends a CoreDNS process (see the
 // plugin's docs): a node whose resolv.conf points back at the cluster DNS is misconfigured beyond what the
 // agent can repair.
-func Start(corefile string, klogTo hclog.Logger) (*Server, error) {
+func Start(corefile string, logTo hclog.Logger) (*Server, error) {
 	if err := setup(); err != nil {
 		return nil, err
 	}
 	startMu.Lock()
 	defer startMu.Unlock()
-	klogTarget = klogTo
+	if logTo != nil {
+		log.SetFlags(0)
+		log.SetOutput(logTo.StandardWriter(&hclog.StandardLoggerOptions{InferLevels: true}))
+	}
 	inst, err := caddy.Start(caddy.CaddyfileInput{Filepath: "Corefile", Contents: []byte(corefile), ServerTypeName: "dns"})
 	if err != nil {
 		if inst != nil {
