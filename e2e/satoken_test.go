@@ -165,6 +165,14 @@ spec:
 			}
 			return nil
 		})
+		// As client-go's in-cluster config finds the API: the kubelet's KUBERNETES_SERVICE_HOST and _PORT
+		// variables, the ClusterIP, which the serving certificate must name.
+		out, err := k.run("exec", "reader", "-n", "sa-e2e", "--", "/server", "-get",
+			"https://${KUBERNETES_SERVICE_HOST}:${KUBERNETES_SERVICE_PORT}/api/v1/namespaces/sa-e2e/pods",
+			"-bearer-file", saDir+"/token", "-ca-file", saDir+"/ca.crt")
+		if err != nil || !strings.HasPrefix(out, "HTTP 200") {
+			t.Errorf("GET by the service variables: %v: %s", err, out)
+		}
 		for _, c := range []struct{ path, want string }{
 			{"/api/v1/namespaces/sa-e2e/secrets", `User \"system:serviceaccount:sa-e2e:reader\" cannot list resource \"secrets\" in API group \"\" in the namespace \"sa-e2e\"`},
 			{"/api/v1/namespaces/sa-other/pods", `cannot list resource \"pods\" in API group \"\" in the namespace \"sa-other\"`},

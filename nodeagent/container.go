@@ -53,7 +53,7 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 	withIPs := pod.DeepCopy()
 	withIPs.Status.PodIP, withIPs.Status.HostIP = sb.ip, r.hostIP
 	withIPs.Status.PodIPs, withIPs.Status.HostIPs = []corev1.PodIP{{IP: sb.ip}}, []corev1.HostIP{{IP: r.hostIP}}
-	env, err := containerEnv(ctx, withIPs, c, r.objects, r.allocatable)
+	env, err := containerEnv(ctx, withIPs, c, r.objects, r.allocatable, masterServiceEnv(r.clusterDNS().ServiceCIDR))
 	if err != nil {
 		return configError(err)
 	}

@@ -56,7 +56,7 @@ func (c *clusterFacts) podDNS() clusterDNS {
 	if !ok {
 		return clusterDNS{}
 	}
-	return clusterDNS{IP: f.ClusterDNS, Domain: f.ClusterDomain}
+	return clusterDNS{IP: f.ClusterDNS, Domain: f.ClusterDomain, ServiceCIDR: f.ServiceCIDR}
 }
 
 // validateDNS checks agent.dns.corefile at agent start, so that a typo stops the agent with the file and

@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"fmt"
+	"net"
 	"sort"
 	"strconv"
 	"strings"
@@ -10,6 +11,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/api/validate/content"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/kubernetes/pkg/kubelet/envvars"
 )
 
 // containerEnv resolves a container's env and envFrom into "NAME=value" strings in Kubernetes' order and
@@ -24,12 +27,19 @@ import (
 // are expanded: $(VAR) is replaced by an earlier variable's value and left as is when there is none, and $$
 // is a literal $. A missing ConfigMap or Secret that is not optional is an error for which
 // apierrors.IsNotFound holds (`configmap "x" not found`); a missing key is `couldn't find key k in ConfigMap
-// ns/x`. The kubelet turns both into the container's CreateContainerConfigError and retries. Service
-// environment variables (enableServiceLinks) and fileKeyRef are not provided by this node.
-func containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container, get objectGetter, allocatable corev1.ResourceList) ([]string, error) {
+// ns/x`. The kubelet turns both into the container's CreateContainerConfigError and retries.
+//
+// services are the service variables of the kubelet (KUBERNETES_SERVICE_HOST and the rest, by which
+// client-go's in-cluster config finds the API): the lowest precedence, defined last unless the container
+// defines them, and available to $(VAR) expansion. Only the kubernetes Service's are provided; those of the
+// pod's namespace's Services (enableServiceLinks) and fileKeyRef are not provided by this node.
+func containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container, get objectGetter, allocatable corev1.ResourceList, services []corev1.EnvVar) ([]string, error) {
 	get = newCachingGetter(get)
 	ns := pod.Namespace
-	env := envList{vals: map[string]string{}}
+	env := envList{vals: map[string]string{}, fallback: map[string]string{}}
+	for _, sv := range services {
+		env.fallback[sv.Name] = sv.Value
+	}
 	for i, ef := range c.EnvFrom {
 		var data map[string]string
 		switch {
@@ -80,7 +90,29 @@ func containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container, get
 		}
 		env.set(ev.Name, value)
 	}
+	for _, sv := range services {
+		if _, defined := env.vals[sv.Name]; !defined {
+			env.set(sv.Name, sv.Value)
+		}
+	}
 	return env.list(), nil
+}
+
+// masterServiceEnv is the kubelet's variables for the kubernetes Service, from its ClusterIP (the first
+// address of the service CIDR) and port 443, as Kubernetes' own envvars package writes them; none when the
+// service CIDR is not known yet.
+func masterServiceEnv(serviceCIDR string) []corev1.EnvVar {
+	_, cidr, err := net.ParseCIDR(serviceCIDR)
+	if err != nil || cidr.IP.To4() == nil {
+		return nil
+	}
+	ip := make(net.IP, 4)
+	copy(ip, cidr.IP.To4())
+	ip[3]++
+	return envvars.FromServices([]*corev1.Service{{
+		ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: metav1.NamespaceDefault},
+		Spec:       corev1.ServiceSpec{ClusterIP: ip.String(), Ports: []corev1.ServicePort{{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP}}},
+	}})
 }
 
 // envValueFrom is the value of an env var's valueFrom; ok is false for a missing optional key.
@@ -125,6 +157,8 @@ func envValueFrom(ctx context.Context, pod *corev1.Pod, c *corev1.Container, get
 type envList struct {
 	names []string
 	vals  map[string]string
+	// fallback answers $(name) for a name not defined (yet): the service variables.
+	fallback map[string]string
 }
 
 func (e *envList) set(name, value string) {
@@ -137,6 +171,9 @@ func (e *envList) set(name, value string) {
 // mapping is the expansion of $(name): the variable's value, or the reference itself when there is none.
 func (e *envList) mapping(name string) string {
 	if v, ok := e.vals[name]; ok {
+		return v
+	}
+	if v, ok := e.fallback[name]; ok {
 		return v
 	}
 	return "$(" + name + ")"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"strings"
+	"slices"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -166,7 +167,7 @@ func TestContainerEnv(t *testing.T) {
 			pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "sidecar"})
 			c := pod.Spec.Containers[0].DeepCopy()
 			c.EnvFrom, c.Env = tt.from, tt.env
-			got, err := containerEnv(context.Background(), pod, c, objs, alloc)
+			got, err := containerEnv(context.Background(), pod, c, objs, alloc, nil)
 			if tt.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
 					t.Fatalf("error %v, want %q", err, tt.wantErr)
@@ -195,7 +196,7 @@ func TestContainerEnvFetchesEachObjectOnce(t *testing.T) {
 	c := &corev1.Container{Name: "app",
 		EnvFrom: []corev1.EnvFromSource{{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "cfg"}}}},
 		Env:     []corev1.EnvVar{{Name: "A", ValueFrom: ref("a")}, {Name: "B", ValueFrom: ref("b")}}}
-	got, err := containerEnv(context.Background(), testPod(), c, objs, nil)
+	got, err := containerEnv(context.Background(), testPod(), c, objs, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,5 +205,35 @@ func TestContainerEnvFetchesEachObjectOnce(t *testing.T) {
 	}
 	if objs.gets != 1 {
 		t.Errorf("fetched the ConfigMap %d times", objs.gets)
+	}
+}
+
+// Every container gets the kubelet's variables of the kubernetes Service, with the lowest precedence: its
+// own env wins, and $(VAR) sees them.
+func TestMasterServiceEnv(t *testing.T) {
+	if got := masterServiceEnv(""); got != nil {
+		t.Fatalf("no service CIDR: %v", got)
+	}
+	c := &corev1.Container{Name: "c", Env: []corev1.EnvVar{
+		{Name: "API", Value: "https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"},
+		{Name: "KUBERNETES_SERVICE_PORT", Value: "8443"},
+	}}
+	got, err := containerEnv(context.Background(), testPod(), c, &fakeObjects{}, nil, masterServiceEnv("10.96.0.0/16"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		"API=https://10.96.0.1:443", // expanded before the container's own KUBERNETES_SERVICE_PORT is defined
+		"KUBERNETES_SERVICE_PORT=8443",
+		"KUBERNETES_SERVICE_HOST=10.96.0.1",
+		"KUBERNETES_SERVICE_PORT_HTTPS=443",
+		"KUBERNETES_PORT=tcp://10.96.0.1:443",
+		"KUBERNETES_PORT_443_TCP=tcp://10.96.0.1:443",
+		"KUBERNETES_PORT_443_TCP_PROTO=tcp",
+		"KUBERNETES_PORT_443_TCP_PORT=443",
+		"KUBERNETES_PORT_443_TCP_ADDR=10.96.0.1",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("env:\n got %q\nwant %q", got, want)
 	}
 }

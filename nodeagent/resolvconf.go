@@ -25,6 +25,8 @@ const (
 // (the servers publish them in kube-system/skiff-cluster).
 type clusterDNS struct {
 	IP, Domain string
+	// ServiceCIDR holds the kubernetes Service's ClusterIP (its first address), for the pods' service variables.
+	ServiceCIDR string
 }
 
 // resolvConf is the part of a resolv.conf a pod's DNS is built from.

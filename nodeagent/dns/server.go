@@ -21,8 +21,7 @@ import (
 	_ "github.com/coredns/coredns/plugin/metrics"
 )
 
-// setup sets the process-wide CoreDNS state once: the directive list, no banner on stdout, and the hook
-// that takes klog back from the kubernetes plugin.
+// setup sets the process-wide CoreDNS state once: the directive list and no banner on stdout.
 var setup = sync.OnceValue(func() error {
 	if err := dnsserver.SetDirectives(Plugins); err != nil {
 		return err

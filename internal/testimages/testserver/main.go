@@ -46,12 +46,12 @@ func main() {
 	port := flag.String("port", defaultPort, "port to listen on (default $PORT, or else 8080)")
 	ignoreTerm := flag.Bool("ignore-sigterm", false, "ignore SIGTERM")
 	termFile := flag.String("term-file", "", "file to write \"got SIGTERM\" to on SIGTERM")
-	getURL := flag.String("get", "", "GET this URL once, print \"HTTP <code>\" and the body, and exit instead of serving")
+	getURL := flag.String("get", "", "GET this URL ($VAR expanded from the environment) once, print \"HTTP <code>\" and the body, and exit instead of serving")
 	bearerFile := flag.String("bearer-file", "", "with -get: the file whose content is sent as a bearer token")
 	caFile := flag.String("ca-file", "", "with -get: the CA certificates that verify the server")
 	flag.Parse()
 	if *getURL != "" {
-		if err := getOnce(*getURL, *bearerFile, *caFile); err != nil {
+		if err := getOnce(os.ExpandEnv(*getURL), *bearerFile, *caFile); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
