@@ -3,8 +3,8 @@ package nodeagent
 import (
 	"context"
 	"reflect"
-	"strings"
 	"slices"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
