@@ -153,8 +153,9 @@ spec:
 
 	// get has the reader pod GET path from the API by its in-cluster name with its own credentials.
 	get := func(path string) (string, error) {
-		return k.run("exec", "reader", "-n", "sa-e2e", "--", "/server", "-get", "https://kubernetes.default.svc"+path,
+		out, err := k.run("exec", "reader", "-n", "sa-e2e", "--", "/server", "-get", "https://kubernetes.default.svc"+path,
 			"-bearer-file", saDir+"/token", "-ca-file", saDir+"/ca.crt")
+		return fromHTTPLine(out), err
 	}
 	t.Run("the API from the pod", func(t *testing.T) {
 		// The binding, the proxy's rules and DNS may each take a moment.
@@ -170,7 +171,7 @@ spec:
 		out, err := k.run("exec", "reader", "-n", "sa-e2e", "--", "/server", "-get",
 			"https://${KUBERNETES_SERVICE_HOST}:${KUBERNETES_SERVICE_PORT}/api/v1/namespaces/sa-e2e/pods",
 			"-bearer-file", saDir+"/token", "-ca-file", saDir+"/ca.crt")
-		if err != nil || !strings.HasPrefix(out, "HTTP 200") {
+		if out = fromHTTPLine(out); err != nil || !strings.HasPrefix(out, "HTTP 200") {
 			t.Errorf("GET by the service variables: %v: %s", err, out)
 		}
 		for _, c := range []struct{ path, want string }{
@@ -192,4 +193,16 @@ spec:
 		mustContain(t, "kubectl run with a missing account", out,
 			`pods "ghost" is forbidden: error looking up service account sa-e2e/ghost: serviceaccount "ghost" not found`)
 	})
+}
+
+// fromHTTPLine is the output of the test server's -get from its "HTTP <code>" line on: kubectl exec may print
+// its own messages first, on the same combined output ("Unknown stream id 1, discarding message").
+func fromHTTPLine(out string) string {
+	if strings.HasPrefix(out, "HTTP ") {
+		return out
+	}
+	if i := strings.Index(out, "\nHTTP "); i >= 0 {
+		return out[i+1:]
+	}
+	return out
 }
