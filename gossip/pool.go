@@ -361,8 +361,7 @@ func (p *Pool) SuspicionTimeout() time.Duration {
 //
 // It is how a failure in this member's view is confirmed before anything acts on it: after a partition
 // heals, the member that was cut off still holds the others as failed until it reconnects (up to
-// ReconnectInterval) or a member refutes. A failed member that answers is joined again at once, so the
-// views converge now rather than at the next reconnect.
+// ReconnectInterval) or a member refutes.
 func (p *Pool) Reachable(name string) bool {
 	m, ok := p.Member(name)
 	if !ok {
@@ -379,18 +378,7 @@ func (p *Pool) Reachable(name string) bool {
 			answered <- err == nil
 		}()
 	}
-	reachable := <-answered || <-answered
-	if reachable && m.Status == StatusDead {
-		// Not waited for at Shutdown, like the join goroutines: it checks nothing and ends with the join.
-		go func() {
-			if n, err := p.ml.Join([]string{m.Addr}); n > 0 {
-				p.logger.Info("rejoined a member held as failed that answers", "member", name)
-			} else {
-				p.logger.Debug("rejoining a member that answers", "member", name, "error", err)
-			}
-		}()
-	}
-	return reachable
+	return <-answered || <-answered
 }
 
 // JoinFailed is closed when RetryMax join attempts all failed.

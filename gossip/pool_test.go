@@ -176,9 +176,8 @@ func TestReconnectToFailedMember(t *testing.T) {
 }
 
 // Reachable answers for the member as it is now, not as this member's view holds it: a member held as failed
-// that answers is reachable, and is joined again at once (here the reconnect loop is too slow to be what
-// heals the view); a member that is gone is not.
-func TestReachableConfirmsAndHealsAFailure(t *testing.T) {
+// that answers is reachable; a member that is gone is not.
+func TestReachableConfirmsAFailure(t *testing.T) {
 	a, b := freeport.One(t), freeport.One(t)
 	start := func(name string, port int, join []string) *Pool {
 		t.Helper()
@@ -212,5 +211,4 @@ func TestReachableConfirmsAndHealsAFailure(t *testing.T) {
 	if !pa.Reachable("b") {
 		t.Fatal("a member held as failed that answers is not reachable")
 	}
-	waitFor(t, "a's view of b to heal", func() bool { m, _ := pa.Member("b"); return m.Status == StatusAlive })
 }
