@@ -26,20 +26,23 @@ import (
 // casts to kube's internal types): a node, which the Node authorizer lets write Nodes, pods' status, leases and
 // tokens, may write only its own, may not change its taints, owners or the labels reserved to
 // administrators (node-restriction.kubernetes.io/ and unknown kubernetes.io/, k8s.io/ labels), and may not
-// create pods (Skiff runs no static pods, so there are no mirror pods).
+// create pods (Skiff runs no static pods, so there are no mirror pods). As the local-path provisioner of its
+// node, a node may create and delete only PersistentVolumes pinned to itself by node affinity.
 type nodeRestriction struct {
 	*admission.Handler
 	identifier nodeidentifier.NodeIdentifier
 	pods       corev1listers.PodLister
+	volumes    corev1listers.PersistentVolumeLister
 }
 
 var _ admission.ValidationInterface = &nodeRestriction{}
 
-func newNodeRestriction(pods corev1listers.PodLister) *nodeRestriction {
+func newNodeRestriction(pods corev1listers.PodLister, volumes corev1listers.PersistentVolumeLister) *nodeRestriction {
 	return &nodeRestriction{
 		Handler:    admission.NewHandler(admission.Create, admission.Update, admission.Delete, admission.Connect),
 		identifier: nodeidentifier.NewDefaultNodeIdentifier(),
 		pods:       pods,
+		volumes:    volumes,
 	}
 }
 
@@ -47,6 +50,7 @@ var (
 	podsResource   = corev1.Resource("pods")
 	nodesResource  = corev1.Resource("nodes")
 	pvcsResource   = corev1.Resource("persistentvolumeclaims")
+	pvsResource    = corev1.Resource("persistentvolumes")
 	saResource     = corev1.Resource("serviceaccounts")
 	leasesResource = schema.GroupResource{Group: coordinationv1.GroupName, Resource: "leases"}
 
@@ -80,6 +84,8 @@ func (p *nodeRestriction) Validate(ctx context.Context, a admission.Attributes, 
 			return admission.NewForbidden(a, fmt.Errorf("may only update PVC status"))
 		}
 		return nil
+	case pvsResource:
+		return p.admitVolume(nodeName, a)
 	case saResource:
 		return p.admitServiceAccountToken(nodeName, a)
 	case leasesResource:
@@ -88,6 +94,44 @@ func (p *nodeRestriction) Validate(ctx context.Context, a admission.Attributes, 
 		return admitNodeDNSSlice(nodeName, a)
 	}
 	return nil
+}
+
+// admitVolume lets a node create, and delete, only PersistentVolumes whose required node affinity is its
+// own kubernetes.io/hostname: the local volumes it provisions.
+func (p *nodeRestriction) admitVolume(nodeName string, a admission.Attributes) error {
+	var pv *corev1.PersistentVolume
+	switch a.GetOperation() {
+	case admission.Create:
+		pv, _ = a.GetObject().(*corev1.PersistentVolume)
+	case admission.Delete:
+		var err error
+		if pv, err = p.volumes.Get(a.GetName()); apierrors.IsNotFound(err) {
+			return err
+		} else if err != nil {
+			return admission.NewForbidden(a, err)
+		}
+	default:
+		return admission.NewForbidden(a, fmt.Errorf("node %q may only create and delete PersistentVolumes", nodeName))
+	}
+	if pv == nil || !pinnedTo(pv, nodeName) {
+		return admission.NewForbidden(a, fmt.Errorf("node %q may only create and delete PersistentVolumes whose node affinity requires %s=%s", nodeName, corev1.LabelHostname, nodeName))
+	}
+	return nil
+}
+
+// pinnedTo says whether a volume's required node affinity is exactly one term matching the node's
+// kubernetes.io/hostname label with one value.
+func pinnedTo(pv *corev1.PersistentVolume, nodeName string) bool {
+	na := pv.Spec.NodeAffinity
+	if na == nil || na.Required == nil || len(na.Required.NodeSelectorTerms) != 1 {
+		return false
+	}
+	term := na.Required.NodeSelectorTerms[0]
+	if len(term.MatchExpressions) != 1 || len(term.MatchFields) != 0 {
+		return false
+	}
+	e := term.MatchExpressions[0]
+	return e.Key == corev1.LabelHostname && e.Operator == corev1.NodeSelectorOpIn && len(e.Values) == 1 && e.Values[0] == nodeName
 }
 
 // nodeDNSSlicePrefix names the EndpointSlice of kube-dns in which an agent publishes its node's DNS

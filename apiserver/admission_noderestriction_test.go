@@ -33,7 +33,7 @@ func TestForbiddenNodeLabels(t *testing.T) {
 }
 
 func TestNodeRestrictionDNSSlice(t *testing.T) {
-	p := newNodeRestriction(nil)
+	p := newNodeRestriction(nil, nil)
 	node := &user.DefaultInfo{Name: "system:node:n1", Groups: []string{user.NodesGroup}}
 	gvr := discoveryv1.SchemeGroupVersion.WithResource("endpointslices")
 	gvk := discoveryv1.SchemeGroupVersion.WithKind("EndpointSlice")

@@ -70,6 +70,10 @@ func tokenAuthenticator(adminToken string, joinToken func() string, saTokens *se
 		if !ok || joinToken == nil {
 			return nil, false, nil
 		}
+		// The token as the server wrote it (K10<CA hash>::<secret>) works as well as its secret.
+		if tok, err := join.ParseToken(secret); err == nil {
+			secret = tok.Secret
+		}
 		want := joinToken()
 		if want == "" || subtle.ConstantTimeCompare([]byte(secret), []byte(want)) != 1 || len(validation.IsDNS1123Subdomain(node)) > 0 {
 			return nil, false, nil

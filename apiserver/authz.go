@@ -2,9 +2,11 @@ package apiserver
 
 import (
 	"context"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/apiserver/pkg/authorization/authorizerfactory"
@@ -17,6 +19,7 @@ import (
 	"k8s.io/kubernetes/plugin/pkg/auth/authorizer/rbac/bootstrappolicy"
 
 	"github.com/skiff-dev/skiff/internal/join"
+	"github.com/skiff-dev/skiff/internal/version"
 )
 
 // authorization is who may do what, decided as kube-apiserver with --authorization-mode=Node,RBAC decides
@@ -65,10 +68,18 @@ func newAuthorization(factory informers.SharedInformerFactory) (*authorization, 
 // publicPaths are readable without credentials, as kube-apiserver's system:public-info-viewer role allows
 // (allowed here before RBAC's caches fill, so probes work from the start); the cluster CA is public too
 // (agents check it against the join token before trusting it).
-var publicPaths = []string{"/livez", "/readyz", "/healthz", "/version", join.CAPath}
+var publicPaths = []string{"/livez", "/readyz", "/healthz", "/version", join.CAPath, version.Path}
+
+// selfAuthenticatingPaths are the server join's endpoints: open to anyone with any verb, because their
+// handlers check the cluster token themselves (a joining server has no credential the API knows).
+var selfAuthenticatingPaths = []string{join.ServerCAPath, join.ServerJoinPath}
 
 func isPublicPath(path string) bool {
-	for _, p := range publicPaths {
+	return pathIn(path, publicPaths) || slices.Contains(selfAuthenticatingPaths, path)
+}
+
+func pathIn(path string, paths []string) bool {
+	for _, p := range paths {
 		if path == p || strings.HasPrefix(path, p+"/") {
 			return true
 		}
@@ -77,17 +88,41 @@ func isPublicPath(path string) bool {
 }
 
 var publicPathAuthorizer = authorizer.AuthorizerFunc(func(ctx context.Context, a authorizer.Attributes) (authorizer.Decision, string, error) {
-	if !a.IsResourceRequest() && a.GetVerb() == "get" && isPublicPath(a.GetPath()) {
+	if a.IsResourceRequest() {
+		return authorizer.DecisionNoOpinion, "", nil
+	}
+	if (a.GetVerb() == "get" && pathIn(a.GetPath(), publicPaths)) || slices.Contains(selfAuthenticatingPaths, a.GetPath()) {
 		return authorizer.DecisionAllow, "", nil
 	}
 	return authorizer.DecisionNoOpinion, "", nil
 })
 
-// feedNodeGraph keeps the Node authorizer's graph of which pods run where and what they reference. Skiff
-// serves neither PersistentVolumes nor VolumeAttachments nor ResourceSlices yet, so the library's
-// AddGraphEventHandlers (which needs informers of all of them) is replaced by its pod half.
+// feedNodeGraph keeps the Node authorizer's graph of which pods run where and what they reference, and
+// which PersistentVolume each claim is bound to (so a node may read the volumes of its pods' claims). Skiff
+// serves neither VolumeAttachments nor ResourceSlices, so the library's AddGraphEventHandlers (which needs
+// informers of those too) is replaced by its pod and volume parts.
 func feedNodeGraph(graph *node.Graph, factory informers.SharedInformerFactory) error {
-	_, err := factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+	_, err := factory.Core().V1().PersistentVolumes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { graph.AddPV(obj.(*corev1.PersistentVolume)) },
+		UpdateFunc: func(oldObj, obj any) {
+			old, pv := oldObj.(*corev1.PersistentVolume), obj.(*corev1.PersistentVolume)
+			if !apiequality.Semantic.DeepEqual(old.Spec, pv.Spec) {
+				graph.AddPV(pv)
+			}
+		},
+		DeleteFunc: func(obj any) {
+			if tombstone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tombstone.Obj
+			}
+			if pv, ok := obj.(*corev1.PersistentVolume); ok {
+				graph.DeletePV(pv.Name)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	_, err = factory.Core().V1().Pods().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) { addPodToGraph(graph, nil, obj.(*corev1.Pod)) },
 		UpdateFunc: func(oldObj, obj any) {
 			addPodToGraph(graph, oldObj.(*corev1.Pod), obj.(*corev1.Pod))

@@ -2,7 +2,6 @@ package apiserver
 
 import (
 	"context"
-	"fmt"
 	"sort"
 	"strings"
 	"time"
@@ -12,38 +11,32 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
-	"k8s.io/apiserver/pkg/registry/rest"
 	"k8s.io/kubernetes/pkg/apis/certificates"
 	kubecertificatesv1 "k8s.io/kubernetes/pkg/apis/certificates/v1"
 	csrregistry "k8s.io/kubernetes/pkg/registry/certificates/certificates"
 	"k8s.io/kubernetes/plugin/pkg/admission/certificates/approval"
 	"k8s.io/kubernetes/plugin/pkg/admission/certificates/signing"
 	"k8s.io/kubernetes/plugin/pkg/admission/certificates/subjectrestriction"
-	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 )
 
 // CertificateSigningRequests (certificates.k8s.io/v1) are Kubernetes' own contract end to end: kube's registry
 // strategies (who asked is recorded from the request, approval and status only through their subresources,
 // condition timestamps) and validation, and kube's CertificateApproval, CertificateSigning and
 // CertificateSubjectRestriction admission plugins. They all work on kube's internal type; Skiff stores v1, so
-// the objects are converted there and back with kube's generated conversions (kubeStrategies,
+// the objects are converted there and back with kube's generated conversions (kubestrategy.go's adapter,
 // internalValidation).
 
-// certificatesScheme knows kube's internal certificates types and the v1 ones, with their conversions.
-var certificatesScheme = runtime.NewScheme()
-
 func init() {
-	utilruntime.Must(certificates.AddToScheme(certificatesScheme))
-	utilruntime.Must(kubecertificatesv1.AddToScheme(certificatesScheme))
+	// kube's internal certificates types, the v1 ones, and kube's conversions between them.
+	utilruntime.Must(certificates.AddToScheme(kubeScheme))
+	utilruntime.Must(kubecertificatesv1.AddToScheme(kubeScheme))
 }
 
 // csrStrategies are kube's CSR strategies: the resource, /status (the signer's certificate and failure
 // conditions) and /approval (Approved and Denied conditions, as `kubectl certificate approve|deny` send them).
 var csrStrategies = &kubeStrategies{
-	scheme:   certificatesScheme,
 	internal: func() runtime.Object { return &certificates.CertificateSigningRequest{} },
 	main:     csrregistry.Strategy,
 	subresources: map[string]kubeStrategy{
@@ -93,116 +86,6 @@ func csrCondition(csr *certificatesv1.CertificateSigningRequest) string {
 	}
 	return strings.Join(seen, ",")
 }
-
-// kubeStrategy is what a kube registry strategy offers a store.
-type kubeStrategy interface {
-	rest.RESTCreateStrategy
-	rest.RESTUpdateStrategy
-	rest.ResetFieldsStrategy
-}
-
-// kubeStrategies are a kind's kube registry strategies, run on kube's internal type, in place of the table's.
-type kubeStrategies struct {
-	scheme   *runtime.Scheme
-	internal func() runtime.Object
-	main     kubeStrategy
-	// subresources are update-only subresources ("status" among them) and their strategies.
-	subresources map[string]kubeStrategy
-}
-
-// adapt wraps a kube strategy so that a store of v1 objects can run it; st supplies the object typer and
-// the delete rules.
-func (ks *kubeStrategies) adapt(st strategy, kube kubeStrategy) convertingStrategy {
-	return convertingStrategy{strategy: st, kube: kube, ks: ks}
-}
-
-// convertingStrategy runs a kube strategy on the internal form of a stored v1 object.
-type convertingStrategy struct {
-	strategy
-	kube kubeStrategy
-	ks   *kubeStrategies
-}
-
-func (s convertingStrategy) toInternal(obj runtime.Object) (runtime.Object, error) {
-	in := s.ks.internal()
-	if err := s.ks.scheme.Convert(obj, in, nil); err != nil {
-		return nil, fmt.Errorf("converting %T to kube's internal type: %w", obj, err)
-	}
-	return in, nil
-}
-
-// fromInternal writes the internal object back into the v1 one.
-func (s convertingStrategy) fromInternal(in, obj runtime.Object) {
-	if err := s.ks.scheme.Convert(in, obj, nil); err != nil {
-		utilruntime.HandleError(fmt.Errorf("converting %T back to v1: %w", in, err))
-	}
-}
-
-func (s convertingStrategy) NamespaceScoped() bool { return s.kube.NamespaceScoped() }
-func (s convertingStrategy) AllowCreateOnUpdate(ctx context.Context) bool {
-	return s.kube.AllowCreateOnUpdate(ctx)
-}
-func (s convertingStrategy) AllowUnconditionalUpdate(ctx context.Context) bool {
-	return s.kube.AllowUnconditionalUpdate(ctx)
-}
-func (s convertingStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {
-	return s.kube.GetResetFields()
-}
-
-// PrepareForCreate leaves an object that does not convert alone; Validate then reports why.
-func (s convertingStrategy) PrepareForCreate(ctx context.Context, obj runtime.Object) {
-	if in, err := s.toInternal(obj); err == nil {
-		s.kube.PrepareForCreate(ctx, in)
-		s.fromInternal(in, obj)
-	}
-}
-
-func (s convertingStrategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object) {
-	in, err1 := s.toInternal(obj)
-	oldIn, err2 := s.toInternal(old)
-	if err1 == nil && err2 == nil {
-		s.kube.PrepareForUpdate(ctx, in, oldIn)
-		s.fromInternal(in, obj)
-	}
-}
-
-func (s convertingStrategy) Validate(ctx context.Context, obj runtime.Object) field.ErrorList {
-	in, err := s.toInternal(obj)
-	if err != nil {
-		return field.ErrorList{field.InternalError(nil, err)}
-	}
-	return s.kube.Validate(ctx, in)
-}
-
-func (s convertingStrategy) ValidateUpdate(ctx context.Context, obj, old runtime.Object) field.ErrorList {
-	in, err := s.toInternal(obj)
-	if err != nil {
-		return field.ErrorList{field.InternalError(nil, err)}
-	}
-	oldIn, err := s.toInternal(old)
-	if err != nil {
-		return field.ErrorList{field.InternalError(nil, err)}
-	}
-	return s.kube.ValidateUpdate(ctx, in, oldIn)
-}
-
-func (s convertingStrategy) WarningsOnCreate(ctx context.Context, obj runtime.Object) []string {
-	if in, err := s.toInternal(obj); err == nil {
-		return s.kube.WarningsOnCreate(ctx, in)
-	}
-	return nil
-}
-
-func (s convertingStrategy) WarningsOnUpdate(ctx context.Context, obj, old runtime.Object) []string {
-	in, err1 := s.toInternal(obj)
-	oldIn, err2 := s.toInternal(old)
-	if err1 == nil && err2 == nil {
-		return s.kube.WarningsOnUpdate(ctx, in, oldIn)
-	}
-	return nil
-}
-
-func (s convertingStrategy) Canonicalize(obj runtime.Object) {}
 
 // certificateAdmission is kube's three CSR admission plugins: approving needs `approve` on the signer,
 // issuing a certificate needs `sign` on it (both on certificates.k8s.io signers), and the

@@ -21,8 +21,6 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
-
-	"github.com/skiff-dev/skiff/fsm"
 )
 
 func csrPEM(t *testing.T, cn string, orgs ...string) []byte {
@@ -50,7 +48,7 @@ func newCSR(name, signer string, request []byte) *certificatesv1.CertificateSign
 
 func csrStores(t *testing.T) map[string]rest.Storage {
 	t.Helper()
-	getter := &restOptionsGetter{backend: &streamsBackend{store: fsm.New(fsm.Options{})}}
+	getter := &restOptionsGetter{backend: NewMemBackend()}
 	for _, k := range kinds {
 		if k.gv == certificatesv1.SchemeGroupVersion {
 			storages, err := k.restStorage(getter)

@@ -9,7 +9,6 @@ import (
 	"net"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,29 +23,10 @@ import (
 	metricsclient "k8s.io/metrics/pkg/client/clientset/versioned"
 
 	"github.com/skiff-dev/skiff/apiserver"
-	"github.com/skiff-dev/skiff/fsm"
 )
 
 // memBackend applies commands straight to a store, as a one-peer Raft would, so the API server runs
 // without Raft.
-type memBackend struct {
-	mu    sync.Mutex
-	store *fsm.Store
-	index uint64
-}
-
-func (m *memBackend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.index++
-	if cmd.Time == 0 {
-		cmd.Time = time.Now().UnixNano()
-	}
-	return m.store.Apply(m.index, cmd.Encode()), nil
-}
-
-func (m *memBackend) LinearizableRead(context.Context) error { return nil }
-func (m *memBackend) Store() *fsm.Store                      { return m.store }
 
 // startAPI runs an API server on an in-memory store with the given metrics source and returns an admin
 // rest config for it.
@@ -62,7 +42,7 @@ func startAPI(t *testing.T, source apiserver.MetricsSource) *rest.Config {
 	}
 	const token = "metrics-test-admin-token"
 	srv, err := apiserver.New(apiserver.Config{
-		Backend: &memBackend{store: fsm.New(fsm.Options{})}, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM,
+		Backend: apiserver.NewMemBackend(), Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM,
 		AdminToken: token, JoinToken: func() string { return "" },
 		ServiceAccountKey: func() (*ecdsa.PrivateKey, error) { return nil, errors.New("no key in this test") },
 		Metrics:           source,

@@ -133,11 +133,13 @@ func supportedVolume(v corev1.Volume) string {
 		return "projected"
 	case v.DownwardAPI != nil:
 		return "downwardAPI"
+	case v.PersistentVolumeClaim != nil:
+		return "persistentVolumeClaim"
 	}
 	return ""
 }
 
-var supportedVolumeTypes = []string{"emptyDir", "configMap", "secret", "hostPath", "projected", "downwardAPI"}
+var supportedVolumeTypes = []string{"emptyDir", "configMap", "secret", "hostPath", "projected", "downwardAPI", "persistentVolumeClaim"}
 
 func validatePod(o runtime.Object) field.ErrorList {
 	pod := o.(*corev1.Pod)
@@ -158,6 +160,16 @@ func validatePod(o runtime.Object) field.ErrorList {
 		volumes.Insert(v.Name)
 		if supportedVolume(v) == "" {
 			errs = append(errs, field.NotSupported(p, volumeTypeName(v), supportedVolumeTypes))
+		}
+		if c := v.PersistentVolumeClaim; c != nil {
+			if c.ClaimName == "" {
+				errs = append(errs, field.Required(p.Child("persistentVolumeClaim", "claimName"), ""))
+			}
+			for _, msg := range validation.IsDNS1123Subdomain(c.ClaimName) {
+				if c.ClaimName != "" {
+					errs = append(errs, field.Invalid(p.Child("persistentVolumeClaim", "claimName"), c.ClaimName, msg))
+				}
+			}
 		}
 	}
 	names := sets.New[string]()
@@ -197,8 +209,6 @@ func validatePodCreate(o runtime.Object) field.ErrorList {
 // volumeTypeName names the source set on a volume Skiff does not support, for the error message.
 func volumeTypeName(v corev1.Volume) string {
 	switch {
-	case v.PersistentVolumeClaim != nil:
-		return "persistentVolumeClaim"
 	case v.NFS != nil:
 		return "nfs"
 	case v.CSI != nil:

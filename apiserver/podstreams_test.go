@@ -28,7 +28,7 @@ import (
 	"k8s.io/client-go/rest"
 	certutil "k8s.io/client-go/util/cert"
 
-	"github.com/skiff-dev/skiff/fsm"
+	"github.com/skiff-dev/skiff/apiserver/raftstore"
 )
 
 // TestPodStreamOptionsFromQuery decodes the query strings of pods/log, exec, attach and portforward through
@@ -301,28 +301,16 @@ func TestNodeAddress(t *testing.T) {
 
 // streamsBackend applies commands straight to a store, as a one-peer Raft would (the pod streams and RBAC
 // tests share it).
-type streamsBackend struct {
-	mu    sync.Mutex
-	store *fsm.Store
-	index uint64
-}
-
-func (m *streamsBackend) Apply(_ context.Context, cmd *fsm.Command) (fsm.Result, error) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.index++
-	if cmd.Time == 0 {
-		cmd.Time = time.Now().UnixNano()
-	}
-	return m.store.Apply(m.index, cmd.Encode()), nil
-}
-
-func (m *streamsBackend) LinearizableRead(context.Context) error { return nil }
-func (m *streamsBackend) Store() *fsm.Store                      { return m.store }
 
 // startStreamsAPI runs an API server on an in-memory store that reaches agents through agentTransport and
 // returns an admin rest config for it.
 func startStreamsAPI(t *testing.T, agentTransport http.RoundTripper) *rest.Config {
+	t.Helper()
+	return startMemAPI(t, NewMemBackend(), agentTransport)
+}
+
+// startMemAPI runs an API server on backend and returns an admin rest config for it.
+func startMemAPI(t *testing.T, backend raftstore.Backend, agentTransport http.RoundTripper) *rest.Config {
 	t.Helper()
 	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.ParseIP("127.0.0.1")}, nil)
 	if err != nil {
@@ -334,7 +322,7 @@ func startStreamsAPI(t *testing.T, agentTransport http.RoundTripper) *rest.Confi
 	}
 	const token = "podstreams-test-admin-token"
 	srv, err := New(Config{
-		Backend: &streamsBackend{store: fsm.New(fsm.Options{})}, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM,
+		Backend: backend, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM,
 		AdminToken: token, JoinToken: func() string { return "" },
 		ServiceAccountKey: func() (*ecdsa.PrivateKey, error) { return nil, errors.New("no key in this test") },
 		AgentTransport:    agentTransport,

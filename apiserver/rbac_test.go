@@ -18,8 +18,6 @@ import (
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
 	rbacregistryvalidation "k8s.io/kubernetes/pkg/registry/rbac/validation"
-
-	"github.com/skiff-dev/skiff/fsm"
 )
 
 func rbacRule(verbs, groups, resources []string) rbacv1.PolicyRule {
@@ -145,7 +143,7 @@ func TestRBACValidationThroughStrategy(t *testing.T) {
 // builds them for the server.
 func newRBACStores(t *testing.T) map[string]*resource {
 	t.Helper()
-	getter := &restOptionsGetter{backend: &streamsBackend{store: fsm.New(fsm.Options{})}}
+	getter := &restOptionsGetter{backend: NewMemBackend()}
 	stores := map[string]*resource{}
 	for _, k := range kinds {
 		if k.gv != rbacv1.SchemeGroupVersion {

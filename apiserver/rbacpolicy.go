@@ -29,8 +29,14 @@ var (
 	skiffClusterRoles = []rbacv1.ClusterRole{
 		{ObjectMeta: metav1.ObjectMeta{Name: "skiff:agent"}, Rules: []rbacv1.PolicyRule{
 			rbachelpers.NewRule("post").URLs(join.ServingCertPath).RuleOrDie(),
+			rbachelpers.NewRule("get").URLs(join.GossipKeyringPath).RuleOrDie(),
 			// The servers publish the cluster's DNS address and domain in kube-system/skiff-cluster.
 			rbachelpers.NewRule("get", "list", "watch").Groups("").Resources("configmaps").Names("skiff-cluster").RuleOrDie(),
+			// Each agent is the local-path provisioner of its node: it watches claims waiting for a volume
+			// there and creates and deletes that node's volumes (NodeRestriction keeps it to its own).
+			rbachelpers.NewRule("get", "list", "watch").Groups("").Resources("persistentvolumeclaims").RuleOrDie(),
+			rbachelpers.NewRule("get", "list", "watch", "create", "delete").Groups("").Resources("persistentvolumes").RuleOrDie(),
+			rbachelpers.NewRule("get", "list", "watch").Groups("storage.k8s.io").Resources("storageclasses").RuleOrDie(),
 		}},
 		// Skiff's scheduler reads PriorityClasses itself and evicts preemption victims, which kube-scheduler's
 		// role does not grant.

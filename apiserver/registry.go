@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
@@ -13,8 +14,10 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -64,6 +67,8 @@ type kind struct {
 	// kube runs Kubernetes' own registry strategies, on its internal type, in place of this table's rules;
 	// its update-only subresources (status among them) are served too.
 	kube *kubeStrategies
+	// kubeFor is kube for strategies that need the server they run in (an authorizer, discovery).
+	kubeFor func(serverDeps) *kubeStrategies
 }
 
 func obj[T any, PT interface {
@@ -105,11 +110,14 @@ var kinds = []*kind{
 	{gv: corev1.SchemeGroupVersion, resource: "nodes", singular: "node", newFunc: obj[corev1.Node](), newListFunc: obj[corev1.NodeList](),
 		shortNames: []string{"no"}, hasStatus: true, statusOnCreate: true, validateUpdate: validateNodeUpdate, fields: nodeFields, fieldNames: []string{"spec.unschedulable"}, columns: nodeColumns},
 	{gv: corev1.SchemeGroupVersion, resource: "limitranges", singular: "limitrange", namespaced: true, newFunc: obj[corev1.LimitRange](), newListFunc: obj[corev1.LimitRangeList](),
-		shortNames: []string{"limits"}},
+		shortNames: []string{"limits"}, kube: limitRangeStrategies},
 	{gv: corev1.SchemeGroupVersion, resource: "resourcequotas", singular: "resourcequota", namespaced: true, newFunc: obj[corev1.ResourceQuota](), newListFunc: obj[corev1.ResourceQuotaList](),
-		shortNames: []string{"quota"}, hasStatus: true},
+		shortNames: []string{"quota"}, hasStatus: true, columns: resourceQuotaColumns},
+	// Volumes and claims: Kubernetes' own strategies and validation (kinds_storage.go).
 	{gv: corev1.SchemeGroupVersion, resource: "persistentvolumeclaims", singular: "persistentvolumeclaim", namespaced: true, newFunc: obj[corev1.PersistentVolumeClaim](), newListFunc: obj[corev1.PersistentVolumeClaimList](),
-		shortNames: []string{"pvc"}, hasStatus: true},
+		shortNames: []string{"pvc"}, hasStatus: true, kube: persistentVolumeClaimStrategies, columns: persistentVolumeClaimColumns},
+	{gv: corev1.SchemeGroupVersion, resource: "persistentvolumes", singular: "persistentvolume", newFunc: obj[corev1.PersistentVolume](), newListFunc: obj[corev1.PersistentVolumeList](),
+		shortNames: []string{"pv"}, hasStatus: true, kube: persistentVolumeStrategies, columns: persistentVolumeColumns},
 
 	// apps/v1
 	{gv: appsv1.SchemeGroupVersion, resource: "deployments", singular: "deployment", namespaced: true, newFunc: obj[appsv1.Deployment](), newListFunc: obj[appsv1.DeploymentList](),
@@ -118,17 +126,30 @@ var kinds = []*kind{
 	{gv: appsv1.SchemeGroupVersion, resource: "replicasets", singular: "replicaset", namespaced: true, newFunc: obj[appsv1.ReplicaSet](), newListFunc: obj[appsv1.ReplicaSetList](),
 		shortNames: []string{"rs"}, categories: []string{"all"}, hasStatus: true, defaults: defaultReplicaSet, validate: validateReplicaSet, validateUpdate: validateSelectorUnchanged, columns: replicaSetColumns,
 		subresources: scaleSubresource(replicaSetScale)},
+	// StatefulSets: Kubernetes' own defaults, strategies and validation (statefulsets.go).
 	{gv: appsv1.SchemeGroupVersion, resource: "statefulsets", singular: "statefulset", namespaced: true, newFunc: obj[appsv1.StatefulSet](), newListFunc: obj[appsv1.StatefulSetList](),
-		shortNames: []string{"sts"}, categories: []string{"all"}, hasStatus: true, subresources: scaleSubresource(statefulSetScale)},
+		shortNames: []string{"sts"}, categories: []string{"all"}, hasStatus: true, kube: statefulSetStrategies, columns: statefulSetColumns,
+		subresources: scaleSubresource(statefulSetScale)},
+	// DaemonSets and ControllerRevisions: Kubernetes' own defaults, strategies and validation (daemonsets.go).
 	{gv: appsv1.SchemeGroupVersion, resource: "daemonsets", singular: "daemonset", namespaced: true, newFunc: obj[appsv1.DaemonSet](), newListFunc: obj[appsv1.DaemonSetList](),
-		shortNames: []string{"ds"}, categories: []string{"all"}, hasStatus: true},
-	{gv: appsv1.SchemeGroupVersion, resource: "controllerrevisions", singular: "controllerrevision", namespaced: true, newFunc: obj[appsv1.ControllerRevision](), newListFunc: obj[appsv1.ControllerRevisionList]()},
+		shortNames: []string{"ds"}, categories: []string{"all"}, hasStatus: true, kube: daemonSetStrategies, columns: daemonSetColumns},
+	{gv: appsv1.SchemeGroupVersion, resource: "controllerrevisions", singular: "controllerrevision", namespaced: true, newFunc: obj[appsv1.ControllerRevision](), newListFunc: obj[appsv1.ControllerRevisionList](),
+		kube: controllerRevisionStrategies, columns: controllerRevisionColumns},
 
-	// batch/v1
+	// batch/v1: Kubernetes' own defaults, strategies and validation (kinds_batch.go).
 	{gv: batchv1.SchemeGroupVersion, resource: "jobs", singular: "job", namespaced: true, newFunc: obj[batchv1.Job](), newListFunc: obj[batchv1.JobList](),
-		categories: []string{"all"}, hasStatus: true},
+		categories: []string{"all"}, hasStatus: true, kube: jobStrategies, fields: jobFields, fieldNames: []string{"status.successful"}, columns: jobColumns},
 	{gv: batchv1.SchemeGroupVersion, resource: "cronjobs", singular: "cronjob", namespaced: true, newFunc: obj[batchv1.CronJob](), newListFunc: obj[batchv1.CronJobList](),
-		shortNames: []string{"cj"}, categories: []string{"all"}, hasStatus: true},
+		shortNames: []string{"cj"}, categories: []string{"all"}, hasStatus: true, kube: cronJobStrategies, columns: cronJobColumns},
+
+	// policy/v1: Kubernetes' own strategies and validation (kinds_policy.go); evictions honour them (eviction.go).
+	{gv: policyv1.SchemeGroupVersion, resource: "poddisruptionbudgets", singular: "poddisruptionbudget", namespaced: true,
+		newFunc: obj[policyv1.PodDisruptionBudget](), newListFunc: obj[policyv1.PodDisruptionBudgetList](),
+		shortNames: []string{"pdb"}, hasStatus: true, kube: podDisruptionBudgetStrategies, columns: podDisruptionBudgetColumns},
+
+	// storage.k8s.io/v1: Kubernetes' own strategy and validation (kinds_storage.go).
+	{gv: storagev1.SchemeGroupVersion, resource: "storageclasses", singular: "storageclass", newFunc: obj[storagev1.StorageClass](), newListFunc: obj[storagev1.StorageClassList](),
+		shortNames: []string{"sc"}, kube: storageClassStrategies, columns: storageClassColumns},
 
 	// discovery.k8s.io/v1
 	{gv: discoveryv1.SchemeGroupVersion, resource: "endpointslices", singular: "endpointslice", namespaced: true, newFunc: obj[discoveryv1.EndpointSlice](), newListFunc: obj[discoveryv1.EndpointSliceList](), columns: endpointSliceColumns},
@@ -159,6 +180,21 @@ var kinds = []*kind{
 	// scheduling.k8s.io/v1
 	{gv: schedulingv1.SchemeGroupVersion, resource: "priorityclasses", singular: "priorityclass", newFunc: obj[schedulingv1.PriorityClass](), newListFunc: obj[schedulingv1.PriorityClassList](),
 		shortNames: []string{"pc"}},
+
+	// admissionregistration.k8s.io/v1: Kubernetes' own strategies and validation (kinds_admissionregistration.go),
+	// enforced by the library's admission plugins (admission_policy.go).
+	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "validatingwebhookconfigurations", singular: "validatingwebhookconfiguration",
+		newFunc: obj[admissionregistrationv1.ValidatingWebhookConfiguration](), newListFunc: obj[admissionregistrationv1.ValidatingWebhookConfigurationList](),
+		kube: validatingWebhookConfigurationStrategies, columns: webhookConfigurationColumns},
+	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "mutatingwebhookconfigurations", singular: "mutatingwebhookconfiguration",
+		newFunc: obj[admissionregistrationv1.MutatingWebhookConfiguration](), newListFunc: obj[admissionregistrationv1.MutatingWebhookConfigurationList](),
+		kube: mutatingWebhookConfigurationStrategies, columns: webhookConfigurationColumns},
+	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "validatingadmissionpolicies", singular: "validatingadmissionpolicy",
+		newFunc: obj[admissionregistrationv1.ValidatingAdmissionPolicy](), newListFunc: obj[admissionregistrationv1.ValidatingAdmissionPolicyList](),
+		hasStatus: true, kubeFor: admissionPolicyStrategies, columns: admissionPolicyColumns},
+	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "validatingadmissionpolicybindings", singular: "validatingadmissionpolicybinding",
+		newFunc: obj[admissionregistrationv1.ValidatingAdmissionPolicyBinding](), newListFunc: obj[admissionregistrationv1.ValidatingAdmissionPolicyBindingList](),
+		kubeFor: admissionPolicyBindingStrategies, columns: admissionPolicyBindingColumns},
 
 	// networking.k8s.io/v1
 	{gv: networkingv1.SchemeGroupVersion, resource: "ipaddresses", singular: "ipaddress", newFunc: obj[networkingv1.IPAddress](), newListFunc: obj[networkingv1.IPAddressList](),
@@ -230,7 +266,7 @@ func (k *kind) restStorage(getter generic.RESTOptionsGetter) (map[string]rest.St
 	}
 	if k.kube != nil {
 		main := k.kube.adapt(st, k.kube.main)
-		store.CreateStrategy, store.UpdateStrategy, store.ResetFieldsStrategy = main, main, main
+		store.CreateStrategy, store.UpdateStrategy, store.DeleteStrategy, store.ResetFieldsStrategy = main, main, main, main
 	}
 	if err := store.CompleteWithOptions(&generic.StoreOptions{RESTOptions: getter, AttrFunc: k.attrFunc}); err != nil {
 		return nil, fmt.Errorf("%s: %w", gr, err)

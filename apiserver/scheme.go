@@ -3,6 +3,7 @@ package apiserver
 import (
 	"reflect"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -17,6 +18,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -50,6 +52,8 @@ var servedGroups = []struct {
 	{authenticationv1.SchemeGroupVersion, authenticationv1.AddToScheme},
 	{authorizationv1.SchemeGroupVersion, authorizationv1.AddToScheme},
 	{certificatesv1.SchemeGroupVersion, certificatesv1.AddToScheme},
+	{storagev1.SchemeGroupVersion, storagev1.AddToScheme},
+	{admissionregistrationv1.SchemeGroupVersion, admissionregistrationv1.AddToScheme},
 }
 
 func init() {

@@ -13,12 +13,15 @@ import (
 	"github.com/google/uuid"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/namespace/lifecycle"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
+	apimetrics "k8s.io/apiserver/pkg/endpoints/metrics"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	"k8s.io/apiserver/pkg/registry/rest"
@@ -26,10 +29,12 @@ import (
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
 	genericfilters "k8s.io/apiserver/pkg/server/filters"
 	"k8s.io/apiserver/pkg/server/healthz"
+	"k8s.io/apiserver/pkg/storage/value"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	certutil "k8s.io/client-go/util/cert"
 	basecompatibility "k8s.io/component-base/compatibility"
+	"k8s.io/kubernetes/pkg/registry/admissionregistration/resolver"
 	metricsv1beta1 "k8s.io/metrics/pkg/apis/metrics/v1beta1"
 
 	"github.com/skiff-dev/skiff/apiserver/openapi"
@@ -48,6 +53,9 @@ type Config struct {
 	// ClientCAPEM is the CA whose client certificates authenticate users (the cluster CA).
 	ClientCAPEM []byte
 	AdminToken  string
+	// Transformers turn stored values into what the Raft store holds (encryption at rest, by resource);
+	// nil stores them as they are.
+	Transformers value.ResourceTransformers
 	// JoinToken returns the token node agents join with; agents are refused while it returns "".
 	JoinToken func() string
 	// ServiceAccountKey returns the key service account tokens are signed with; while it fails, the
@@ -79,6 +87,9 @@ type Config struct {
 	RBACPolicyReady func()
 	// Audit, when set, records requests in an audit log.
 	Audit *AuditConfig
+	// PodSecurity is the PodSecurity admission's defaults and exemptions; zero means Kubernetes' defaults
+	// (privileged, no exemptions).
+	PodSecurity PodSecurityConfig
 }
 
 // Server is a running Kubernetes API on one peer.
@@ -158,22 +169,21 @@ func New(c Config) (*Server, error) {
 	if c.DefaultTolerationSeconds != nil {
 		tolerationSeconds = *c.DefaultTolerationSeconds
 	}
-	if cfg.AdmissionControl, err = admissionChain(client, cfg.SharedInformerFactory, tolerationSeconds); err != nil {
+	if cfg.AdmissionControl, err = admissionChain(cfg, client, tolerationSeconds, c.PodSecurity); err != nil {
 		return nil, err
 	}
-	certs, err := certificateAdmission(cfg.Authorization.Authorizer)
-	if err != nil {
-		return nil, err
-	}
-	cfg.AdmissionControl = admission.NewChainHandler(cfg.AdmissionControl, certs)
 	if c.Audit != nil {
 		if err := setupAudit(&cfg.Config, c.Audit); err != nil {
 			return nil, err
 		}
 	}
-	cfg.RESTOptionsGetter = &restOptionsGetter{backend: c.Backend}
+	cfg.RESTOptionsGetter = &restOptionsGetter{backend: c.Backend, transformers: c.Transformers}
 	if _, ok := c.Handlers["/metrics"]; ok {
+		// The server serves /metrics itself, from the same legacy registry; the library registers its
+		// request metrics (apiserver_request_total and the rest) only when it serves them, so they are
+		// registered here.
 		cfg.EnableMetrics = false
+		apimetrics.Register()
 	}
 	cfg.AddReadyzChecks(c.ReadyzChecks...)
 
@@ -199,8 +209,13 @@ func New(c Config) (*Server, error) {
 		return nil, fmt.Errorf("cluster CIDR %q must be an IPv4 CIDR", c.ClusterCIDR)
 	}
 	getter := cfg.RESTOptionsGetter.(*restOptionsGetter)
+	// A paramKind resolves to its resource through discovery, asked (of this server) at each check.
+	resources, err := resolver.NewDiscoveryResourceResolver(client.Discovery())
+	if err != nil {
+		return nil, err
+	}
 	getter.eventTTL = c.EventTTL
-	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens, withAuthenticatedGroup(tokens), authz, c.AgentTransport, c.Metrics); err != nil {
+	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens, withAuthenticatedGroup(tokens), authz, c.AgentTransport, c.Metrics, resources); err != nil {
 		return nil, err
 	}
 	generic.AddPostStartHookOrDie("rbac/bootstrap-roles", rbacPolicyHook(c.RBACPolicyReady))
@@ -214,11 +229,17 @@ func New(c Config) (*Server, error) {
 	return &Server{generic: generic}, nil
 }
 
-// admissionChain runs the admission plugins: NamespaceLifecycle, from the library, ServiceAccount, which gives
-// pods their account and API token volume, NodeRestriction, Priority, which resolves a pod's
-// priorityClassName, and DefaultTolerationSeconds. Skiff's defaulting runs in each kind's strategy. A later
-// issue adds LimitRanger, quota and PodSecurity here.
-func admissionChain(client kubernetes.Interface, factory informers.SharedInformerFactory, tolerationSeconds int64) (admission.Interface, error) {
+// admissionChain runs the admission plugins in Kubernetes' default order (kube-apiserver's
+// AllOrderedPlugins, of those Skiff serves): NamespaceLifecycle, from the library; LimitRanger
+// (admission_limitranger.go); ServiceAccount, which gives pods their account and API token volume;
+// NodeRestriction; PodSecurity (admission_podsecurity.go); Priority, which resolves a pod's
+// priorityClassName; DefaultTolerationSeconds; DefaultStorageClass; StorageObjectInUseProtection; the
+// certificate plugins (certificates.go); the library's MutatingAdmissionWebhook, ValidatingAdmissionPolicy
+// and ValidatingAdmissionWebhook (admission_policy.go); and last, ResourceQuota (admission_quota.go). The
+// chain runs every plugin's mutation in this order, then every plugin's validation. Skiff's defaulting runs
+// in each kind's strategy.
+func admissionChain(cfg *genericapiserver.RecommendedConfig, client kubernetes.Interface, tolerationSeconds int64, podSecurityConfig PodSecurityConfig) (admission.Interface, error) {
+	factory, drained := cfg.SharedInformerFactory, cfg.DrainedNotify()
 	nl, err := lifecycle.NewLifecycle(sets.New(metav1.NamespaceDefault, metav1.NamespaceSystem, metav1.NamespacePublic))
 	if err != nil {
 		return nil, err
@@ -228,17 +249,44 @@ func admissionChain(client kubernetes.Interface, factory informers.SharedInforme
 	if err := nl.ValidateInitialization(); err != nil {
 		return nil, err
 	}
-	return admission.NewChainHandler(nl, newServiceAccountAdmission(client, factory), newNodeRestriction(factory.Core().V1().Pods().Lister()), newPriorityAdmission(factory),
-		newDefaultTolerationAdmission(tolerationSeconds)), nil
+	podSecurity, err := newPodSecurity(podSecurityConfig, client, factory)
+	if err != nil {
+		return nil, err
+	}
+	certs, err := certificateAdmission(cfg.Authorization.Authorizer)
+	if err != nil {
+		return nil, err
+	}
+	policies, err := newPolicyPlugins(cfg.LoopbackClientConfig, client, factory, cfg.Authorization.Authorizer, cfg.EffectiveVersion, drained)
+	if err != nil {
+		return nil, err
+	}
+	quota, err := newResourceQuota(client, factory, drained)
+	if err != nil {
+		return nil, err
+	}
+	return admission.NewChainHandler(nl, newLimitRanger(factory.Core().V1().LimitRanges().Lister()), newServiceAccountAdmission(client, factory),
+		newNodeRestriction(factory.Core().V1().Pods().Lister(), factory.Core().V1().PersistentVolumes().Lister()), podSecurity, newPriorityAdmission(factory),
+		newDefaultTolerationAdmission(tolerationSeconds), newDefaultStorageClass(factory.Storage().V1().StorageClasses().Lister()),
+		newStorageObjectInUseProtection(), certs, policies.mutating, policies.policy, policies.validating, quota), nil
 }
 
 // installAPIs installs every kind of the registry table, grouped by API group.
 func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet, saTokens *serviceAccountTokens,
-	tokens authenticator.Token, authz *authorization, agentTransport http.RoundTripper, metrics MetricsSource) error {
+	tokens authenticator.Token, authz *authorization, agentTransport http.RoundTripper, metrics MetricsSource, resources resolver.ResourceResolver) error {
 	groups := map[string]*genericapiserver.APIGroupInfo{}
 	var order []string
 	stores := map[string]*resource{}
+	deps := serverDeps{authorizer: authz.authorizer, resources: resources,
+		policies: func(ctx context.Context, name string) (runtime.Object, error) {
+			return stores["validatingadmissionpolicies"].Get(ctx, name, &metav1.GetOptions{})
+		}}
 	for _, k := range kinds {
+		if k.kubeFor != nil {
+			perServer := *k
+			perServer.kube = k.kubeFor(deps)
+			k = &perServer
+		}
 		info, ok := groups[k.gv.Group]
 		if !ok {
 			g := genericapiserver.NewDefaultAPIGroupInfo(k.gv.Group, Scheme, ParameterCodec, Codecs)
@@ -269,6 +317,11 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 	nodes := &nodeREST{resource: stores["nodes"], cidr: clusterCIDR, claims: raftstore.NewClaims(getter.backend, podCIDRPrefix)}
 	nodes.Store.AfterDelete = nodes.releaseAfterDelete
 	groups[""].VersionedResourcesStorageMap["v1"]["nodes"] = nodes
+	// Evictions spend the PodDisruptionBudgets of the pods they delete.
+	if eviction, ok := groups[""].VersionedResourcesStorageMap["v1"]["pods/eviction"].(*evictionREST); ok {
+		policy := groups[policyv1.GroupName].VersionedResourcesStorageMap["v1"]
+		eviction.budgets = &budgetStores{main: stores["poddisruptionbudgets"].Store, status: policy["poddisruptionbudgets/status"].(rest.Updater)}
+	}
 	// Service account tokens look up the account and the objects they are bound to.
 	for kind, resource := range map[string]string{"ServiceAccount": "serviceaccounts", "Pod": "pods", "Secret": "secrets", "Node": "nodes"} {
 		saTokens.stores[kind] = stores[resource].Store

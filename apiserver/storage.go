@@ -14,6 +14,7 @@ import (
 	etcdfeature "k8s.io/apiserver/pkg/storage/feature"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
+	"k8s.io/apiserver/pkg/storage/value"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
 
@@ -54,8 +55,9 @@ func (s storedAs) Identifier() string { return "stored-as:" + s.gvk.String() }
 // restOptionsGetter hands the generic registry its storage: protobuf-encoded objects in the Raft store, under
 // the library's watch cache.
 type restOptionsGetter struct {
-	backend  raftstore.Backend
-	eventTTL time.Duration // zero: the kind's default
+	backend      raftstore.Backend
+	eventTTL     time.Duration              // zero: the kind's default
+	transformers value.ResourceTransformers // nil: values stored as they are
 }
 
 func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, example runtime.Object) (generic.RESTOptions, error) {
@@ -64,8 +66,10 @@ func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, exampl
 		return generic.RESTOptions{}, err
 	}
 	codec := storageCodec(gv)
+	stored := resource // the resource whose keys hold it, which picks its transformer
 	for _, k := range kinds {
 		if k.gv.Group == resource.Group && k.resource == resource.Resource && k.storageGV != nil {
+			stored.Group = k.storageGV.Group
 			// Stored as another group's type: encode to that, decode to this group's version.
 			info, _ := runtime.SerializerInfoForMediaType(Codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)
 			codec = Codecs.CodecForVersions(info.Serializer, info.Serializer, storedAs{k.storageGV.WithKind(kindName(k))},
@@ -75,6 +79,9 @@ func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, exampl
 	cfg := &storagebackend.ConfigForResource{
 		Config:        storagebackend.Config{Prefix: storagePrefix, Codec: codec, EventsHistoryWindow: storagebackend.DefaultEventsHistoryWindow},
 		GroupResource: resource,
+	}
+	if g.transformers != nil {
+		cfg.Config.Transformer = g.transformers.TransformerForResource(stored)
 	}
 	return generic.RESTOptions{
 		StorageConfig:           cfg,
@@ -116,7 +123,7 @@ func (g *restOptionsGetter) decorate(config *storagebackend.ConfigForResource, p
 	getAttrs storage.AttrFunc, triggers storage.IndexerFuncs, indexers *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
 	raw := raftstore.New(raftstore.Config{
 		Backend: g.backend, Codec: config.Codec, Prefix: config.Prefix, ResourcePrefix: prefix,
-		GroupResource: config.GroupResource, NewFunc: newFunc, NewListFunc: newListFunc,
+		GroupResource: config.GroupResource, NewFunc: newFunc, NewListFunc: newListFunc, Transformer: config.Transformer,
 	})
 	cacher, err := cacherstorage.NewCacherFromConfig(cacherstorage.Config{
 		Storage: raw, Versioner: storage.APIObjectVersioner{}, GroupResource: config.GroupResource,

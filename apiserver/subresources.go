@@ -8,7 +8,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
-	policyv1 "k8s.io/api/policy/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -115,37 +114,6 @@ func setPodCondition(status *corev1.PodStatus, c corev1.PodCondition) {
 		}
 	}
 	status.Conditions = append(status.Conditions, c)
-}
-
-// Pods: eviction deletes the pod gracefully with the eviction's delete options. (PodDisruptionBudgets are
-// not served yet, so no budget can refuse it.)
-
-type evictionREST struct{ store *genericregistry.Store }
-
-func (r *evictionREST) New() runtime.Object { return &policyv1.Eviction{} }
-func (r *evictionREST) Destroy()            {}
-
-func (r *evictionREST) Create(ctx context.Context, name string, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
-	eviction := obj.(*policyv1.Eviction)
-	if eviction.Name != name {
-		return nil, apierrors.NewBadRequest("name in URL does not match name in Eviction object")
-	}
-	if createValidation != nil {
-		if err := createValidation(ctx, obj); err != nil {
-			return nil, err
-		}
-	}
-	deleteOptions := eviction.DeleteOptions
-	if deleteOptions == nil {
-		deleteOptions = &metav1.DeleteOptions{}
-	}
-	if options != nil {
-		deleteOptions.DryRun = options.DryRun
-	}
-	if _, _, err := r.store.Delete(ctx, name, rest.ValidateAllObjectFunc, deleteOptions); err != nil {
-		return nil, err
-	}
-	return &metav1.Status{Status: metav1.StatusSuccess, Code: http.StatusCreated}, nil
 }
 
 // Pods: ephemeralcontainers. Only spec.ephemeralContainers changes, and only by additions.
@@ -376,11 +344,6 @@ var statefulSetScale = scaleAccess{
 
 func scaleSubresource(access scaleAccess) []subresource {
 	return []subresource{{"scale", func(s *genericregistry.Store) rest.Storage { return &scaleREST{store: s, access: access} }}}
-}
-
-// GroupVersionKind tells the installer that pods/eviction takes a policy/v1 Eviction.
-func (r *evictionREST) GroupVersionKind(schema.GroupVersion) schema.GroupVersionKind {
-	return policyv1.SchemeGroupVersion.WithKind("Eviction")
 }
 
 // GroupVersionKind tells the installer that scale takes an autoscaling/v1 Scale.

@@ -141,7 +141,7 @@ func BenchmarkAPI(b *testing.B) {
 	value := make([]byte, stored.Size())
 	raw := make([]*raftnode.Client, 3)
 	for i, p := range c.Procs {
-		raw[i] = raftnode.NewClient(p.RaftAddr, nil)
+		raw[i] = p.RaftClient(b)
 		defer raw[i].Close()
 	}
 	rawCPU := startCPU(b, c)

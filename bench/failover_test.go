@@ -40,7 +40,7 @@ func BenchmarkFailover(b *testing.B) {
 				break
 			}
 		}
-		client := raftnode.NewClient(survivor.RaftAddr, nil)
+		client := survivor.RaftClient(b)
 		// Warm the connection so the measurement does not include a dial.
 		if _, err := writeOnce(client, fmt.Sprintf("/bench/failover/warm-%d", i)); err != nil {
 			b.Fatalf("write before the kill: %v", err)

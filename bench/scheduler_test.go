@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/skiff-dev/skiff/fsm"
+	"github.com/skiff-dev/skiff/internal/proctest"
 	"github.com/skiff-dev/skiff/raftnode"
 )
 
@@ -83,7 +84,7 @@ func BenchmarkScheduler(b *testing.B) {
 		b.Logf("%s: %d pods bound at %.0f/s, create-to-bound p50 %.0f ms, p99 %.0f ms", row.name, row.pods, rate, ms(p50), ms(p99))
 		if row.name == "plain" {
 			cpu := startCPU(b, c)
-			rawRate := rawWrites(b, row.pods, c.Procs[0].RaftAddr, c.Procs[1].RaftAddr, c.Procs[2].RaftAddr)
+			rawRate := rawWrites(b, row.pods, c.Procs...)
 			rawClientMs, rawServersMs := cpu.perOp(row.pods)
 			b.ReportMetric(rawRate, "raw-writes/s")
 			b.ReportMetric(rawServersMs+rawClientMs, "raw-cpu-ms/write")
@@ -181,11 +182,11 @@ func measureBinding(b *testing.B, clients []kubernetes.Interface, ns string, n i
 }
 
 // rawWrites measures raw store creates of a bound pod's size through the three peers' internal RPC.
-func rawWrites(b *testing.B, n int, addrs ...string) float64 {
+func rawWrites(b *testing.B, n int, procs ...*proctest.Proc) float64 {
 	ctx := context.Background()
-	clients := make([]*raftnode.Client, len(addrs))
-	for i, a := range addrs {
-		clients[i] = raftnode.NewClient(a, nil)
+	clients := make([]*raftnode.Client, len(procs))
+	for i, p := range procs {
+		clients[i] = p.RaftClient(b)
 		defer clients[i].Close()
 	}
 	value := make([]byte, schedPod(0, "plain", nil).Size()+120) // with nodeName and the PodScheduled condition

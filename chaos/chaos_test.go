@@ -22,6 +22,8 @@ var (
 	chaosHold       = flag.Duration("chaos.hold", 6*time.Second, "how long a round's faults last")
 	chaosSettle     = flag.Duration("chaos.settle", 3*time.Second, "traffic before the faults and after they heal")
 	chaosKubeconfig = flag.String("chaos.kubeconfig", "", "an existing cluster (a context per server): traffic and checks only, no faults")
+	chaosRecheck    = flag.String("chaos.recheck", "", "a history a failed round saved (round-N-seed-S.history.json): TestRecheck runs the linearizability check on it again")
+	chaosRecheckFor = flag.Duration("chaos.recheck-timeout", 10*time.Minute, "how long TestRecheck gives the linearizability check")
 	chaosReportDir  = flag.String("chaos.report-dir", "", "where porcupine visualizations of failed rounds go (default: a temporary directory, kept on failure)")
 )
 
@@ -93,4 +95,20 @@ func (w *testWriter) Write(p []byte) (int, error) {
 		w.buf.WriteString(s[i+1:])
 	}
 	return len(p), nil
+}
+
+// TestRecheck runs the linearizability check again on a saved history, with more time: a round whose check
+// ran out of its minute is settled here.
+func TestRecheck(t *testing.T) {
+	if *chaosRecheck == "" {
+		t.Skip("no -chaos.recheck history")
+	}
+	h, err := LoadHistory(*chaosRecheck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckLinearizable(h, *chaosRecheckFor, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d operations: linearizable", len(h.Ops))
 }

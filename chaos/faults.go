@@ -55,6 +55,7 @@ var Faults = []Fault{
 	{Name: "snapshot-install", Alone: true, Inject: snapshotInstall},
 	{Name: "full-crash", Alone: true, Inject: fullCrash},
 	{Name: "disk-full", Alone: true, Inject: diskFull},
+	{Name: "rolling-restart", Alone: true, Inject: rollingRestart},
 }
 
 // FaultByName finds a fault of Faults.
@@ -168,6 +169,66 @@ func killAgent(_ context.Context, l *Local, rng *rand.Rand, logf func(string, ..
 
 func fullCrash(_ context.Context, l *Local, _ *rand.Rand, logf func(string, ...any)) (healFunc, error) {
 	return l.kill(logf, l.names("server")...)
+}
+
+// rollingRestart restarts every server in turn as an upgrade does: gracefully (SIGTERM), the leader last,
+// each once the cluster is healthy again (`skiff operator health`). It is over when Inject returns; the
+// round's traffic runs through it, so the checks cover what clients saw.
+func rollingRestart(ctx context.Context, l *Local, _ *rand.Rand, logf func(string, ...any)) (healFunc, error) {
+	leader, err := l.leader(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var order []string
+	for _, name := range l.names("server") {
+		if name != leader {
+			order = append(order, name)
+		}
+	}
+	order = append(order, leader)
+	for _, name := range order {
+		if err := l.waitHealthy(ctx); err != nil {
+			return nil, fmt.Errorf("before restarting %s: %w", name, err)
+		}
+		stopped := time.Now()
+		if err := l.State.Stop(name, 30*time.Second); err != nil {
+			return nil, errors.Join(fmt.Errorf("stopping %s: %w", name, err), l.start(name))
+		}
+		if err := l.start(name); err != nil {
+			return nil, err
+		}
+		if err := l.waitReady(ctx, name); err != nil {
+			return nil, err
+		}
+		logf("restarted %s (SIGTERM) and it served again after %v", name, time.Since(stopped).Round(time.Millisecond))
+	}
+	return l.heal(func(context.Context) error { return nil }, l.waitHealthy), nil
+}
+
+// waitHealthy waits until a server reports the cluster healthy: a leader, every voter healthy, no agent dead.
+func (l *Local) waitHealthy(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, healTimeout)
+	defer cancel()
+	var last error
+	for {
+		for _, server := range l.names("server") {
+			var h struct {
+				Healthy bool `json:"healthy"`
+			}
+			if err := l.getJSON(ctx, server, "/v1/operator/health", &h); err != nil {
+				last = err
+			} else if !h.Healthy {
+				last = errors.New("the cluster is not healthy")
+			} else {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the cluster to be healthy: %v", last)
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // kill sends SIGKILL to the hosts at once; the heal starts them again.

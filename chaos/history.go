@@ -1,7 +1,9 @@
 package chaos
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
 	"time"
 )
 
@@ -84,8 +86,11 @@ type History struct {
 	Start     time.Time     // the wall-clock time of offset 0
 	Duration  time.Duration // from the start to the last return
 	Ops       []Op
+	// Final is the state read once the faults healed and writes went through again (ReadFinal), when it
+	// could be read: the linearizability check uses it to settle unknown writes (see linPartitions).
+	Final map[string]FinalObject `json:",omitempty"`
 	// Err is set when the run could not start (the namespace could not be prepared); Ops is then empty.
-	Err error
+	Err error `json:"-"`
 }
 
 // Counts counts the operations by kind and outcome, for the report: "get/ok", "update/unknown", and for
@@ -151,4 +156,23 @@ func (o *Op) String() string {
 		s += fmt.Sprintf(" rv=%d", o.RV)
 	}
 	return s
+}
+
+// SaveHistory writes a history as JSON, for CheckLinearizable to run on again (LoadHistory).
+func SaveHistory(h *History, path string) error {
+	b, err := json.Marshal(h)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, b, 0o644)
+}
+
+// LoadHistory reads a history SaveHistory wrote.
+func LoadHistory(path string) (*History, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	h := &History{}
+	return h, json.Unmarshal(b, h)
 }

@@ -218,9 +218,17 @@ func linModel(parts [][]porcupine.Operation) porcupine.Model {
 }
 
 // linPartitions turns the history into porcupine operations, one partition per key in key order. A
-// worker's operations share a client lane until one has an unknown outcome: that one lasts to the end of
-// time, and the worker goes on in a new lane.
+// worker's operations share a client lane until one has an unknown outcome, and the worker goes on in a new
+// lane. Unknown writes are settled where the history allows, which keeps porcupine's search small after a
+// full crash, when a hundred writes have no answer:
+//   - one whose value a successful read returned took effect before that read returned, so it ends there
+//     (values are unique);
+//   - one that wrote a value no read returned and that is not its key's final value never took effect, and is
+//     left out: had it taken effect, nothing could have replaced or deleted its version, since every update
+//     and delete names the resourceVersion it replaces and no one saw that one, so it would be the final value;
+//   - any other lasts to the end of time.
 func linPartitions(h *History) ([]string, [][]porcupine.Operation) {
+	seen := firstReads(h)
 	keySet := map[string]bool{}
 	for i := range h.Ops {
 		op := &h.Ops[i]
@@ -259,6 +267,9 @@ func linPartitions(h *History) ([]string, [][]porcupine.Operation) {
 			ret := int64(op.Return)
 			if out.Unknown {
 				ret = math.MaxInt64
+				if at, ok := seen[keyValue{key, in.Value}]; ok && in.Value != "" {
+					ret = at
+				}
 			}
 			in.Op, in.Key = i, key
 			parts[index[key]] = append(parts[index[key]], porcupine.Operation{
@@ -286,6 +297,9 @@ func linPartitions(h *History) ([]string, [][]porcupine.Operation) {
 				add(k, linInput{Kind: OpList}, linOutput{OK: true, Found: found, Value: it.Value, RV: it.RV})
 			}
 		case OpCreate, OpUpdate, OpDelete:
+			if op.Outcome == OutcomeUnknown && op.Kind != OpDelete && h.Final != nil && neverTookEffect(op, seen, h.Final) {
+				continue
+			}
 			in := linInput{Kind: op.Kind, Value: op.Value, Pre: op.PreconditionRV}
 			out := linOutput{Unknown: op.Outcome == OutcomeUnknown, OK: op.Outcome == OutcomeOK, Code: op.Code, Reason: op.Reason, RV: op.RV}
 			if out.Unknown {
@@ -298,6 +312,44 @@ func linPartitions(h *History) ([]string, [][]porcupine.Operation) {
 		}
 	}
 	return keys, parts
+}
+
+type keyValue struct{ key, value string }
+
+// neverTookEffect says whether an unknown create or update can be left out (see linPartitions): no read
+// returned its value and its key does not hold it in the final state.
+func neverTookEffect(op *Op, seen map[keyValue]int64, final map[string]FinalObject) bool {
+	if _, read := seen[keyValue{op.Key, op.Value}]; read {
+		return false
+	}
+	f, ok := final[op.Key]
+	return !ok || f.Value != op.Value
+}
+
+// firstReads is, for each value a successful get or list returned, when the first such read returned.
+func firstReads(h *History) map[keyValue]int64 {
+	out := map[keyValue]int64{}
+	note := func(key, value string, ret int64) {
+		kv := keyValue{key, value}
+		if at, ok := out[kv]; !ok || ret < at {
+			out[kv] = ret
+		}
+	}
+	for i := range h.Ops {
+		op := &h.Ops[i]
+		if op.Outcome != OutcomeOK {
+			continue
+		}
+		switch op.Kind {
+		case OpGet:
+			note(op.Key, op.ReadValue, int64(op.Return))
+		case OpList:
+			for _, it := range op.Items {
+				note(it.Key, it.Value, int64(op.Return))
+			}
+		}
+	}
+	return out
 }
 
 // CheckLinearizable checks that the history is linearizable per key against the model of a ConfigMap

@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -512,4 +513,82 @@ func TestChecksOnSimulatedStore(t *testing.T) {
 			t.Error("CheckListFreshness passed lists that answer with older snapshots")
 		}
 	})
+}
+
+// TestUnknownWritesEndAtTheirFirstRead: an unknown write whose value a read returned ends when that read
+// returned; one nobody read stays open to the end of time.
+func TestUnknownWritesEndAtTheirFirstRead(t *testing.T) {
+	h := history(
+		unknown(hCreate(0, "k0", "w0-1", 0, 5, 0)),
+		hGet(1, "k0", 6, 9, "w0-1", 10),
+		hList(1, 7, 8, 10, Item{Key: "k0", Value: "w0-1", RV: 10}),
+		unknown(hUpdate(2, "k0", "w2-1", 10, 10, 11, 0)),
+	)
+	_, parts := linPartitions(h)
+	var returns []int64
+	for _, op := range parts[0] {
+		if op.Output.(linOutput).Unknown {
+			returns = append(returns, op.Return)
+		}
+	}
+	if len(returns) != 2 || returns[0] != int64(ms(8)) || returns[1] != math.MaxInt64 {
+		t.Fatalf("unknown writes end at %v; want [8ms, never]", returns)
+	}
+}
+
+// TestHistoryRoundTrip: a saved history loads back the same, for -chaos.recheck.
+func TestHistoryRoundTrip(t *testing.T) {
+	h := history(
+		unknown(hCreate(0, "k0", "w0-1", 0, 5, 0)),
+		hGet(1, "k0", 6, 9, "w0-1", 10),
+		hList(1, 7, 8, 10, Item{Key: "k0", Value: "w0-1", RV: 10}),
+	)
+	path := filepath.Join(t.TempDir(), "h.json")
+	if err := SaveHistory(h, path); err != nil {
+		t.Fatal(err)
+	}
+	got, err := LoadHistory(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(got.Ops) != fmt.Sprint(h.Ops) {
+		t.Fatalf("loaded %v, saved %v", got.Ops, h.Ops)
+	}
+	if err := CheckLinearizable(got, time.Minute, ""); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestUnseenUnknownWritesAreSettledByTheFinalState: with the final state known, an unknown create that no
+// read returned and that is not final is left out (it never took effect); one whose value is final stays,
+// open to the end of time; without a final state both stay.
+func TestUnseenUnknownWritesAreSettledByTheFinalState(t *testing.T) {
+	h := history(
+		unknown(hCreate(0, "k0", "w0-1", 0, 5, 0)),
+		unknown(hCreate(1, "k1", "w1-1", 0, 5, 0)),
+		failed(hGet(2, "k0", 6, 7, "", 0), 404),
+	)
+	unknowns := func() map[string]int64 {
+		keys, parts := linPartitions(h)
+		out := map[string]int64{}
+		for i, p := range parts {
+			for _, op := range p {
+				if op.Output.(linOutput).Unknown {
+					out[keys[i]] = op.Return
+				}
+			}
+		}
+		return out
+	}
+	if got := unknowns(); len(got) != 2 {
+		t.Fatalf("without a final state: %v, want both unknown creates", got)
+	}
+	h.Final = map[string]FinalObject{"k1": {Value: "w1-1", RV: 12}}
+	got := unknowns()
+	if _, ok := got["k0"]; ok || got["k1"] != math.MaxInt64 {
+		t.Fatalf("with the final state: %v, want only k1's create, open", got)
+	}
+	if err := CheckLinearizable(h, 10*time.Second, ""); err != nil {
+		t.Fatal(err)
+	}
 }

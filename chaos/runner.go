@@ -252,13 +252,24 @@ func runRound(ctx context.Context, c *Cluster, opts Options, round int, seed uin
 	if opts.ReportDir != "" {
 		viz = filepath.Join(opts.ReportDir, fmt.Sprintf("round-%d-seed-%d.html", round, seed))
 	}
-	res.fail("linearizability", CheckLinearizable(hist, time.Minute, viz))
-	res.fail("list freshness", CheckListFreshness(hist))
 	final, err := traffic.ReadFinal(ctx)
 	res.fail("reading the final state", err)
 	if err == nil {
+		hist.Final = final
 		res.fail("lost writes", CheckNoLostWrites(hist, final))
 	}
+	linErr := CheckLinearizable(hist, time.Minute, viz)
+	res.fail("linearizability", linErr)
+	if linErr != nil && opts.ReportDir != "" {
+		// Kept so that the check can be run again, for longer, on the same history (-chaos.recheck).
+		path := filepath.Join(opts.ReportDir, fmt.Sprintf("round-%d-seed-%d.history.json", round, seed))
+		if err := SaveHistory(hist, path); err != nil {
+			res.step("saving the history: %v", err)
+		} else {
+			res.step("history saved to %s", path)
+		}
+	}
+	res.fail("list freshness", CheckListFreshness(hist))
 	res.fail("watches", report.Check())
 	res.fail("watches against the traffic", CheckWatchAgainstHistory(report, hist))
 	res.fail("replica convergence", CheckConvergence(ctx, c.Kubeconfig, 10*time.Second))

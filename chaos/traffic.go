@@ -99,27 +99,16 @@ func NewTraffic(kubeconfig string, seed uint64, opts TrafficOptions) (*Traffic, 
 	return t, nil
 }
 
-// trafficRESTConfig has no client-side rate limit and a transport-level timeout as a backstop, and turns
-// client-go's retries off: client-go resends a request (a POST or PUT too) that was answered with 429 or a
-// 5xx carrying Retry-After, which Skiff sends with 503 "no leader" and 504 "outcome unknown". A resent
-// write whose first attempt took effect would come back 409 and be recorded as a definite failure.
+// trafficRESTConfig has no client-side rate limit and a transport-level timeout as a backstop. client-go's
+// own retries stay on, as every client has them: it resends a request answered with 429 or a 5xx carrying
+// Retry-After, which Skiff sends only when the request certainly did nothing (503 "no leader"), never with
+// 504 "outcome unknown". Were a write of unknown outcome resent, one that took effect would come back 409
+// and be recorded as a definite failure, which the checks catch.
 func trafficRESTConfig(cfg *rest.Config, timeout time.Duration) *rest.Config {
 	cfg = rest.CopyConfig(cfg)
 	cfg.QPS, cfg.Burst = -1, 0
 	cfg.Timeout = timeout + time.Second
-	cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper { return noRetryAfter{rt} })
 	return cfg
-}
-
-// noRetryAfter drops Retry-After from responses, which is what makes client-go retry.
-type noRetryAfter struct{ rt http.RoundTripper }
-
-func (n noRetryAfter) RoundTrip(req *http.Request) (*http.Response, error) {
-	resp, err := n.rt.RoundTrip(req)
-	if resp != nil {
-		resp.Header.Del("Retry-After")
-	}
-	return resp, err
 }
 
 // Close closes the traffic's idle connections, so that the servers' goroutines serving them end; call it

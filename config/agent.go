@@ -1,7 +1,6 @@
 package config
 
 import (
-	"encoding/base64"
 	"fmt"
 	"maps"
 	"net"
@@ -14,6 +13,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/skiff-dev/skiff/internal/join"
 )
 
 // AgentFile is the schema of a node agent's configuration file.
@@ -119,7 +120,7 @@ type Agent struct {
 	GossipPort    int
 	// AgentPort is the agent's HTTPS endpoint for the servers (logs, exec, attach, port-forward, metrics).
 	AgentPort int
-	Encrypt   string // base64 gossip key, empty for none
+	Encrypt   string // base64 gossip key; empty: the key derived from Token (see gossip.Config)
 
 	Servers          []string // host:port of server API addresses; with RetryJoin, learned from the pool when empty
 	Token            string
@@ -272,10 +273,7 @@ func resolveAgent(f *AgentFile, src *source) (*Agent, error) {
 		a.RetryJoin = append(a.RetryJoin, addr)
 	}
 	if f.Encrypt != nil {
-		a.Encrypt = *f.Encrypt
-		if key, err := base64.StdEncoding.DecodeString(a.Encrypt); err != nil || (len(key) != 16 && len(key) != 24 && len(key) != 32) {
-			errs.add(src, "encrypt", "must be a base64 key of 16, 24 or 32 bytes (for example from `openssl rand -base64 32`)")
-		}
+		a.Encrypt = errs.gossipKey(src, "encrypt", *f.Encrypt)
 	}
 	if len(b.Servers) == 0 && len(b.RetryJoin) == 0 {
 		errs.add(src, "agent.servers", "lists no server; give the API address (host:port) of at least one, or retry_join to learn them by gossip")
@@ -290,6 +288,8 @@ func resolveAgent(f *AgentFile, src *source) (*Agent, error) {
 	}
 	if a.Token == "" {
 		errs.add(src, "agent.token", "is required: the cluster join token (a server's <data_dir>/join-token)")
+	} else if _, err := join.ParseToken(a.Token); err != nil {
+		errs.add(src, "agent.token", err.Error())
 	}
 	if a.PodCIDR != "" {
 		if ip, _, err := net.ParseCIDR(a.PodCIDR); err != nil || ip.To4() == nil {

@@ -64,7 +64,7 @@ func TestLoadAgentExample(t *testing.T) {
 }
 
 func TestAgentErrorsNameFileLineAndKey(t *testing.T) {
-	base := "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n  token = \"t\"\n"
+	base := "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n  token = \"0123456789abcdef\"\n"
 	cases := []struct{ name, body, want string }{
 		{"unknown key", base + "  colour = 1\n}\n", ":6: agent.colour: Unsupported argument"},
 		{"bad taint effect", base + "  node_taints = [\"a=b:Sometimes\"]\n}\n", ":6: agent.node_taints: taint \"a=b:Sometimes\": effect"},
@@ -128,7 +128,7 @@ agent {
 }
 
 func TestAgentDNS(t *testing.T) {
-	base := "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n  token = \"t\"\n"
+	base := "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n  token = \"0123456789abcdef\"\n"
 	a, err := LoadAgent(writeFile(t, base+"}\n"), nil)
 	if err != nil {
 		t.Fatal(err)

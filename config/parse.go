@@ -1,6 +1,7 @@
 package config
 
 import (
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"os"
@@ -94,6 +95,14 @@ func (es *Errors) duration(src *source, key, val string) time.Duration {
 		es.add(src, key, fmt.Sprintf("%q must be positive", val))
 	}
 	return d
+}
+
+// gossipKey checks an `encrypt` key, which servers and agents share: base64 of 16, 24 or 32 bytes.
+func (es *Errors) gossipKey(src *source, key, val string) string {
+	if b, err := base64.StdEncoding.DecodeString(val); err != nil || (len(b) != 16 && len(b) != 24 && len(b) != 32) {
+		es.add(src, key, "must be a base64 key of 16, 24 or 32 bytes (for example from `openssl rand -base64 32`)")
+	}
+	return val
 }
 
 func (es Errors) err() error {

@@ -3,6 +3,7 @@ package config
 import (
 	"encoding/binary"
 	"fmt"
+	psaapi "k8s.io/pod-security-admission/api"
 	"net"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/skiff-dev/skiff/internal/join"
 )
 
 // ServerFile is the schema of a server configuration file. Pointers mark optional keys, so that layering
@@ -49,20 +52,51 @@ type ServerBlock struct {
 	ClusterCIDR   *string `hcl:"cluster_cidr,optional"`
 	// Node lifecycle: how long a Lease may go unrenewed, how long pods stay Terminating on a lost node, and
 	// the tolerationSeconds every pod gets for the not-ready and unreachable taints.
-	NodeLeaseGrace           *string `hcl:"node_lease_grace,optional"`
-	PodGCTimeout             *string `hcl:"pod_gc_timeout,optional"`
+	NodeLeaseGrace *string `hcl:"node_lease_grace,optional"`
+	PodGCTimeout   *string `hcl:"pod_gc_timeout,optional"`
+	// ResourceQuotaSyncPeriod is kube-controller-manager's --resource-quota-sync-period: how often the
+	// quota controller recomputes every quota's usage, giving back what failed creates charged.
+	ResourceQuotaSyncPeriod  *string `hcl:"resource_quota_sync_period,optional"`
 	DefaultTolerationSeconds *int    `hcl:"default_toleration_seconds,optional"`
 	// NodeCertificateTTL is the longest a certificate signed through the CSR API lives (node client
 	// certificates among them), as kube-controller-manager's --cluster-signing-duration.
 	NodeCertificateTTL *string `hcl:"node_certificate_ttl,optional"`
-	// Token is the join token node agents present.
+	// Autopilot: how long a dead server stays in the Raft configuration, and how long a new server must be
+	// healthy before it votes.
+	DeadServerCleanup       *string `hcl:"dead_server_cleanup,optional"`
+	ServerStabilizationTime *string `hcl:"server_stabilization_time,optional"`
+	// Token is the cluster token: servers present it to join (and it keys the default gossip encryption);
+	// it is also the first join token of node agents. Required when bootstrap_expect is more than 1.
 	Token *string `hcl:"token,optional"`
 	// The API answers 429 with Retry-After beyond these many requests in flight, as kube-apiserver does.
-	MaxRequestsInFlight         *int        `hcl:"max_requests_in_flight,optional"`
-	MaxMutatingRequestsInFlight *int        `hcl:"max_mutating_requests_in_flight,optional"`
-	Raft                        *RaftBlock  `hcl:"raft,block"`
-	WatchHistory                *HistBlock  `hcl:"watch_history,block"`
-	Audit                       *AuditBlock `hcl:"audit,block"`
+	MaxRequestsInFlight         *int              `hcl:"max_requests_in_flight,optional"`
+	MaxMutatingRequestsInFlight *int              `hcl:"max_mutating_requests_in_flight,optional"`
+	Raft                        *RaftBlock        `hcl:"raft,block"`
+	WatchHistory                *HistBlock        `hcl:"watch_history,block"`
+	Audit                       *AuditBlock       `hcl:"audit,block"`
+	PodSecurity                 *PodSecurityBlock `hcl:"pod_security,block"`
+	// EncryptionConfig is the path of a Kubernetes EncryptionConfiguration file (apiserver.config.k8s.io/v1):
+	// the resources it lists are encrypted in the Raft log, the snapshots and `snapshot save` files. Every
+	// server must have the same one.
+	EncryptionConfig *string `hcl:"encryption_config,optional"`
+	// SecretsEncryption, without encryption_config, has the first server draw an EncryptionConfiguration
+	// with a fresh key at the cluster's bootstrap (default true).
+	SecretsEncryption *bool `hcl:"secrets_encryption,optional"`
+}
+
+// PodSecurityBlock is `server { pod_security { ... } }`: Kubernetes' PodSecurity admission defaults (the
+// levels of namespaces that carry no pod-security.kubernetes.io labels) and exemptions, as kube-apiserver's
+// PodSecurityConfiguration has them.
+type PodSecurityBlock struct {
+	Enforce              *string  `hcl:"enforce,optional"`
+	EnforceVersion       *string  `hcl:"enforce_version,optional"`
+	Audit                *string  `hcl:"audit,optional"`
+	AuditVersion         *string  `hcl:"audit_version,optional"`
+	Warn                 *string  `hcl:"warn,optional"`
+	WarnVersion          *string  `hcl:"warn_version,optional"`
+	ExemptUsernames      []string `hcl:"exempt_usernames,optional"`
+	ExemptNamespaces     []string `hcl:"exempt_namespaces,optional"`
+	ExemptRuntimeClasses []string `hcl:"exempt_runtime_classes,optional"`
 }
 
 // AuditBlock is `server { audit { ... } }`: the API's audit log, off unless path is set. The sizes are
@@ -100,7 +134,7 @@ type Server struct {
 	AdvertiseAddr string
 	LogLevel      string
 	LogJSON       bool
-	Encrypt       string // base64 gossip key, empty for none
+	Encrypt       string // base64 gossip key; empty: the key derived from Token (see gossip.Config)
 	Ports         Ports
 
 	BootstrapExpect int
@@ -114,9 +148,14 @@ type Server struct {
 	// Node lifecycle (see ServerBlock).
 	NodeLeaseGrace           time.Duration
 	PodGCTimeout             time.Duration
+	ResourceQuotaSyncPeriod  time.Duration
 	DefaultTolerationSeconds int64
 	NodeCertificateTTL       time.Duration // see ServerBlock
-	JoinToken                string        // node agents join with it; the first leader picks one when empty
+	DeadServerCleanup        time.Duration // see ServerBlock
+	ServerStabilizationTime  time.Duration
+	// Token is the cluster token (see ServerBlock); its zero value means unset, and a single server then
+	// draws one at its first start (see server.clusterToken).
+	Token join.Token
 
 	MaxRequestsInFlight         int
 	MaxMutatingRequestsInFlight int
@@ -134,6 +173,19 @@ type Server struct {
 
 	// Audit is the audit log; its Path is empty when auditing is off.
 	Audit Audit
+	// PodSecurity is the PodSecurity admission's defaults and exemptions.
+	PodSecurity PodSecurity
+	// EncryptionConfig is the operator's EncryptionConfiguration file; empty: Skiff's own, when
+	// SecretsEncryption is set.
+	EncryptionConfig  string
+	SecretsEncryption bool
+}
+
+// PodSecurity holds the PodSecurity admission's default levels and versions (for namespaces without labels)
+// and its exemptions.
+type PodSecurity struct {
+	Enforce, EnforceVersion, Audit, AuditVersion, Warn, WarnVersion string
+	ExemptUsernames, ExemptNamespaces, ExemptRuntimeClasses         []string
 }
 
 // Audit configures the API's audit log: Kubernetes' audit policy file and a rotated JSON-lines log.
@@ -166,7 +218,8 @@ func DefaultServerFile() *ServerFile {
 		Ports:    &PortsBlock{API: ptr(6443), Raft: ptr(6444), Gossip: ptr(7946)},
 		Server: &ServerBlock{
 			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"), ClusterDomain: ptr("cluster.local"), ClusterCIDR: ptr("10.244.0.0/16"), EventTTL: ptr("1h"),
-			NodeLeaseGrace: ptr("40s"), PodGCTimeout: ptr("10m"), DefaultTolerationSeconds: ptr(300), NodeCertificateTTL: ptr("8760h"),
+			NodeLeaseGrace: ptr("40s"), PodGCTimeout: ptr("10m"), ResourceQuotaSyncPeriod: ptr("5m"), DefaultTolerationSeconds: ptr(300), NodeCertificateTTL: ptr("8760h"),
+			DeadServerCleanup: ptr("5m"), ServerStabilizationTime: ptr("10s"), SecretsEncryption: ptr(true),
 			MaxRequestsInFlight: ptr(400), MaxMutatingRequestsInFlight: ptr(200),
 			Raft: &RaftBlock{
 				HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms"),
@@ -175,6 +228,8 @@ func DefaultServerFile() *ServerFile {
 			},
 			WatchHistory: &HistBlock{Events: ptr(100000), Age: ptr("5m")},
 			Audit:        &AuditBlock{Path: ptr(""), PolicyFile: ptr(""), MaxAge: ptr(0), MaxBackups: ptr(0), MaxSize: ptr(0)},
+			PodSecurity: &PodSecurityBlock{Enforce: ptr("privileged"), EnforceVersion: ptr("latest"), Audit: ptr("privileged"),
+				AuditVersion: ptr("latest"), Warn: ptr("privileged"), WarnVersion: ptr("latest")},
 		},
 	}
 }
@@ -202,24 +257,39 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 		HistoryEvents:     *f.Server.WatchHistory.Events,
 		Audit: Audit{Path: *f.Server.Audit.Path, PolicyFile: *f.Server.Audit.PolicyFile,
 			MaxAge: *f.Server.Audit.MaxAge, MaxBackups: *f.Server.Audit.MaxBackups, MaxSize: *f.Server.Audit.MaxSize},
+		PodSecurity: PodSecurity{Enforce: *f.Server.PodSecurity.Enforce, EnforceVersion: *f.Server.PodSecurity.EnforceVersion,
+			Audit: *f.Server.PodSecurity.Audit, AuditVersion: *f.Server.PodSecurity.AuditVersion,
+			Warn: *f.Server.PodSecurity.Warn, WarnVersion: *f.Server.PodSecurity.WarnVersion,
+			ExemptUsernames: f.Server.PodSecurity.ExemptUsernames, ExemptNamespaces: f.Server.PodSecurity.ExemptNamespaces,
+			ExemptRuntimeClasses: f.Server.PodSecurity.ExemptRuntimeClasses},
 
+		SecretsEncryption:           *f.Server.SecretsEncryption,
 		MaxRequestsInFlight:         *f.Server.MaxRequestsInFlight,
 		MaxMutatingRequestsInFlight: *f.Server.MaxMutatingRequestsInFlight,
 	}
 	if f.DataDir != nil {
 		s.DataDir = *f.DataDir
 	}
+	if f.Server.EncryptionConfig != nil && *f.Server.EncryptionConfig != "" {
+		s.EncryptionConfig = *f.Server.EncryptionConfig
+		if _, err := os.Stat(s.EncryptionConfig); err != nil {
+			errs.add(src, "server.encryption_config", err.Error())
+		}
+	}
 	if f.AdvertiseAddr != nil {
 		s.AdvertiseAddr = *f.AdvertiseAddr
 	}
 	if f.Server.Token != nil {
-		s.JoinToken = *f.Server.Token
-		if len(s.JoinToken) < 16 || strings.ContainsAny(s.JoinToken, " \t\n") {
-			errs.add(src, "server.token", "must be at least 16 characters, without spaces")
+		tok, err := join.ParseToken(*f.Server.Token)
+		if err != nil {
+			errs.add(src, "server.token", err.Error())
 		}
+		s.Token = tok
+	} else if s.BootstrapExpect > 1 {
+		errs.add(src, "server.token", fmt.Sprintf("is required with bootstrap_expect = %d: the servers authenticate each other with it; give every server the same one (for example `openssl rand -hex 16`)", s.BootstrapExpect))
 	}
 	if f.Encrypt != nil {
-		s.Encrypt = *f.Encrypt
+		s.Encrypt = errs.gossipKey(src, "encrypt", *f.Encrypt)
 	}
 	if s.Name == "" {
 		errs.add(src, "name", "must not be empty")
@@ -287,7 +357,10 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 		{"server.event_ttl", f.Server.EventTTL, &s.EventTTL},
 		{"server.node_lease_grace", f.Server.NodeLeaseGrace, &s.NodeLeaseGrace},
 		{"server.pod_gc_timeout", f.Server.PodGCTimeout, &s.PodGCTimeout},
+		{"server.resource_quota_sync_period", f.Server.ResourceQuotaSyncPeriod, &s.ResourceQuotaSyncPeriod},
 		{"server.node_certificate_ttl", f.Server.NodeCertificateTTL, &s.NodeCertificateTTL},
+		{"server.dead_server_cleanup", f.Server.DeadServerCleanup, &s.DeadServerCleanup},
+		{"server.server_stabilization_time", f.Server.ServerStabilizationTime, &s.ServerStabilizationTime},
 		{"server.raft.heartbeat_timeout", f.Server.Raft.HeartbeatTimeout, &s.HeartbeatTimeout},
 		{"server.raft.election_timeout", f.Server.Raft.ElectionTimeout, &s.ElectionTimeout},
 		{"server.raft.leader_lease_timeout", f.Server.Raft.LeaderLeaseTimeout, &s.LeaderLeaseTimeout},
@@ -299,6 +372,17 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 	}
 	if s.NodeCertificateTTL > 0 && s.NodeCertificateTTL < time.Minute {
 		errs.add(src, "server.node_certificate_ttl", fmt.Sprintf("%q is too short: a certificate must live at least 1m, to be renewed before it expires", *f.Server.NodeCertificateTTL))
+	}
+	for _, ps := range []struct{ key, level, version string }{
+		{"enforce", s.PodSecurity.Enforce, s.PodSecurity.EnforceVersion}, {"audit", s.PodSecurity.Audit, s.PodSecurity.AuditVersion},
+		{"warn", s.PodSecurity.Warn, s.PodSecurity.WarnVersion},
+	} {
+		if _, err := psaapi.ParseLevel(ps.level); err != nil {
+			errs.add(src, "server.pod_security."+ps.key, err.Error())
+		}
+		if _, err := psaapi.ParseVersion(ps.version); err != nil {
+			errs.add(src, "server.pod_security."+ps.key+"_version", err.Error())
+		}
 	}
 	if s.Audit.Path != "" && s.Audit.PolicyFile == "" {
 		errs.add(src, "server.audit.policy_file", "is required with server.audit.path: Kubernetes' audit policy says what to record")

@@ -30,6 +30,7 @@ server {
   enabled          = true
   bootstrap_expect = 3
   retry_join       = ["127.0.0.2:7946", "127.0.0.3"]
+  token            = "0123456789abcdef0123"
   raft {
     heartbeat_timeout  = "1s"
     election_timeout   = "1s"
@@ -75,6 +76,7 @@ func TestServerErrorsNameFileLineAndKey(t *testing.T) {
 		{"unknown top-level key", "name = \"a\"\nbogus = 1\n", ":2: bogus: Unsupported argument"},
 		{"unknown nested key", "server {\n  raft {\n    electon_timeout = \"1s\"\n  }\n}\n", ":3: server.raft.electon_timeout: Unsupported argument"},
 		{"unknown block", "servr {\n}\n", ":1: servr: Unsupported block type"},
+		{"pod security level", "server {\n  pod_security {\n    enforce = \"strict\"\n  }\n}\n", ":3: server.pod_security.enforce: must be one of privileged, baseline, restricted"},
 		{"audit without a policy", "server {\n  audit {\n    path = \"/tmp/audit.log\"\n  }\n}\n", ":2: server.audit.policy_file: is required with server.audit.path"},
 		{"audit policy missing", "server {\n  audit {\n    path = \"/tmp/audit.log\"\n    policy_file = \"/nonexistent/policy.yaml\"\n  }\n}\n", ":4: server.audit.policy_file: stat /nonexistent/policy.yaml"},
 		{"negative audit size", "server {\n  audit {\n    max_size = -1\n  }\n}\n", ":3: server.audit.max_size: must be 0 or more"},
@@ -91,7 +93,11 @@ func TestServerErrorsNameFileLineAndKey(t *testing.T) {
 		{"cluster_dns is the kubernetes Service's", "server {\n  cluster_dns = \"10.96.0.1\"\n}\n", ":2: server.cluster_dns: 10.96.0.1 is the network address or the kubernetes Service's"},
 		{"cluster_dns not an address", "server {\n  cluster_dns = \"dns\"\n}\n", ":2: server.cluster_dns: \"dns\" is not an IPv4 address"},
 		{"bad cluster_domain", "server {\n  cluster_domain = \"Cluster_Local\"\n}\n", ":2: server.cluster_domain: \"Cluster_Local\" is not a DNS name"},
+		{"short token", "server {\n  token = \"short\"\n}\n", ":2: server.token: the secret must be at least 16 characters"},
+		{"token with a bad CA hash", "server {\n  token = \"K10abc::0123456789abcdef\"\n}\n", ":2: server.token: the CA hash after \"K10\" must be 64 hex digits"},
+		{"no token for three servers", "server {\n  bootstrap_expect = 3\n}\n", ":1: server.token: is required with bootstrap_expect = 3"},
 		{"bad retry_join", "server {\n  retry_join = [\"a:b:c\"]\n}\n", ":2: server.retry_join: entry 0"},
+		{"bad encrypt key", "encrypt = \"c2hvcnQ=\"\n", ":1: encrypt: must be a base64 key of 16, 24 or 32 bytes"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

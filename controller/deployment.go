@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"reflect"
-	"sync"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -19,7 +18,6 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 )
 
 // deploymentWorkers sync different Deployments in parallel; the queue never hands one key to two.
@@ -34,7 +32,7 @@ type deploymentController struct {
 	deployments appslisters.DeploymentLister
 	replicaSets appslisters.ReplicaSetLister
 	pods        corelisters.PodLister
-	queue       workqueue.TypedRateLimitingInterface[string]
+	queue       *keyQueue
 	recorder    record.EventRecorder
 	logger      hclog.Logger
 	now         func() time.Time
@@ -69,12 +67,11 @@ func runDeploymentController(ctx context.Context, c *Clients) {
 		deployments: deployments.Lister(),
 		replicaSets: replicaSets.Lister(),
 		pods:        pods.Lister(),
-		queue:       workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		recorder:    recorder,
 		logger:      c.Logger.Named("deployment"),
 		now:         time.Now,
 	}
-	defer dc.queue.ShutDown()
+	dc.queue = newKeyQueue(queueConfig{what: "deployment", workers: deploymentWorkers, logger: dc.logger, sync: dc.sync})
 	deployments.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    dc.enqueueObject,
 		UpdateFunc: func(_, cur any) { dc.enqueueObject(cur) },
@@ -86,59 +83,15 @@ func runDeploymentController(ctx context.Context, c *Clients) {
 		DeleteFunc: dc.replicaSetDeleted,
 	})
 	pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: dc.podDeleted})
-	go func() {
-		<-ctx.Done()
-		dc.queue.ShutDown()
-	}()
-	c.Informers.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), deployments.Informer().HasSynced, replicaSets.Informer().HasSynced, pods.Informer().HasSynced) {
-		return
-	}
-	var workers sync.WaitGroup
-	for range deploymentWorkers {
-		workers.Go(func() {
-			for dc.processNext(ctx) {
-			}
-		})
-	}
-	workers.Wait()
-}
-
-// processNext syncs one key from the queue; it returns false once the queue is shut down.
-func (dc *deploymentController) processNext(ctx context.Context) bool {
-	key, quit := dc.queue.Get()
-	if quit {
-		return false
-	}
-	defer dc.queue.Done(key)
-	recheckIn, err := dc.sync(ctx, key)
-	if err != nil && ctx.Err() == nil {
-		if apierrors.IsConflict(err) {
-			// The cache had not caught up with the sync's own last write: routine, and retried.
-			dc.logger.Debug("syncing deployment, retrying", "deployment", key, "error", err)
-		} else {
-			dc.logger.Warn("syncing deployment, retrying", "deployment", key, "error", err)
-		}
-		dc.queue.AddRateLimited(key)
-		return true
-	}
-	dc.queue.Forget(key)
-	if recheckIn > 0 {
-		dc.queue.AddAfter(key, recheckIn)
-	}
-	return true
+	dc.queue.run(ctx, c, deployments.Informer().HasSynced, replicaSets.Informer().HasSynced, pods.Informer().HasSynced)
 }
 
 // Event handlers. Their job is to queue the Deployments whose ReplicaSets (or, for Recreate, pods) changed.
 
-func (dc *deploymentController) enqueueObject(obj any) {
-	if key, err := cache.DeletionHandlingMetaNamespaceKeyFunc(obj); err == nil {
-		dc.queue.Add(key)
-	}
-}
+func (dc *deploymentController) enqueueObject(obj any) { dc.queue.addObject(obj) }
 
 func (dc *deploymentController) enqueue(d *appsv1.Deployment) {
-	dc.queue.Add(d.Namespace + "/" + d.Name)
+	dc.queue.add(d.Namespace + "/" + d.Name)
 }
 
 func (dc *deploymentController) replicaSetAdded(obj any) {

@@ -325,15 +325,12 @@ func changesServing(oldObj, newObj any) bool {
 
 // serviceQueue is the work queue of both endpoint controllers: keys are Services ("namespace/name"), a
 // failed sync is retried with per-Service exponential backoff (1 s doubling to 100 s, and 10 retries a
-// second overall, as Kubernetes' endpoint controllers start from), and addPaced keeps a Service from syncing
-// more than once per interval because of pod churn.
+// second overall, as Kubernetes' endpoint controllers start from), a sync that failed only because an
+// informer had not caught up with the controller's own writes (a stale cache, a conflict) from 50 ms, and
+// addPaced keeps a Service from syncing more than once per interval because of pod churn.
 type serviceQueue struct {
-	queue workqueue.TypedRateLimitingInterface[string]
-	// behind paces the retries of syncs that failed only because an informer had not caught up with the
-	// controller's own writes (a stale cache, a conflict): from 50 ms, since the informer usually catches up
-	// within milliseconds, and a second's wait there would hold back a pod turning Ready.
-	behind workqueue.TypedRateLimiter[string]
-	now    func() time.Time
+	*keyQueue
+	now func() time.Time
 
 	mu       sync.Mutex
 	interval time.Duration
@@ -341,24 +338,21 @@ type serviceQueue struct {
 }
 
 func newServiceQueue(interval time.Duration) *serviceQueue {
-	limiter := workqueue.NewTypedMaxOfRateLimiter(
-		workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 100*time.Second),
-		&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
-	)
 	return &serviceQueue{
-		queue:    workqueue.NewTypedRateLimitingQueue(limiter),
-		behind:   workqueue.NewTypedItemExponentialFailureRateLimiter[string](50*time.Millisecond, 100*time.Second),
+		keyQueue: newKeyQueue(queueConfig{
+			what: "service", workers: endpointWorkers,
+			failures: workqueue.NewTypedMaxOfRateLimiter(
+				workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 100*time.Second),
+				&workqueue.TypedBucketRateLimiter[string]{Limiter: rate.NewLimiter(rate.Limit(10), 100)},
+			),
+			behind:     func(err error) bool { return apierrors.IsAlreadyExists(err) || errors.Is(err, errStaleSlices) },
+			behindBase: 50 * time.Millisecond,
+		}),
 		interval: interval,
 		now:      time.Now,
 		lastSync: map[string]time.Time{},
 	}
 }
-
-// add queues a Service to sync as soon as a worker is free.
-func (q *serviceQueue) add(key string) { q.queue.Add(key) }
-
-// addAfter queues a Service to sync after a delay.
-func (q *serviceQueue) addAfter(key string, d time.Duration) { q.queue.AddAfter(key, d) }
 
 // addPaced queues a Service to sync at once if its last sync began at least interval ago, or else when
 // interval has passed since then; the delayed key is queued once however many changes ask for it.
@@ -368,10 +362,10 @@ func (q *serviceQueue) addPaced(key string) {
 	interval := q.interval
 	q.mu.Unlock()
 	if wait := last.Add(interval).Sub(q.now()); ok && wait > 0 {
-		q.queue.AddAfter(key, wait)
+		q.addAfter(key, wait)
 		return
 	}
-	q.queue.Add(key)
+	q.add(key)
 }
 
 // forget drops what the queue remembers of a Service that is gone.
@@ -379,61 +373,23 @@ func (q *serviceQueue) forget(key string) {
 	q.mu.Lock()
 	delete(q.lastSync, key)
 	q.mu.Unlock()
-	q.behind.Forget(key)
+	q.keyQueue.forget(key)
 }
 
-func (q *serviceQueue) shutDown() { q.queue.ShutDown() }
+// setSync makes syncKey the queue's sync, noting when each Service's sync begins (for addPaced).
+func (q *serviceQueue) setSync(logger hclog.Logger, syncKey func(context.Context, string) error) {
+	q.cfg.logger = logger
+	q.cfg.sync = func(ctx context.Context, key string) (time.Duration, error) {
+		q.mu.Lock()
+		q.lastSync[key] = q.now()
+		q.mu.Unlock()
+		return 0, syncKey(ctx, key)
+	}
+}
 
-// runWhenSynced starts the shared informers, waits until those in synced have synced, and syncs the queue's
-// Services until ctx ends; then it shuts the queue down.
+// runWhenSynced syncs the queue's Services with syncKey until ctx ends, once the informers in synced have
+// synced; then it shuts the queue down.
 func (q *serviceQueue) runWhenSynced(ctx context.Context, c *Clients, synced []cache.InformerSynced, logger hclog.Logger, syncKey func(context.Context, string) error) {
-	defer q.shutDown()
-	c.Informers.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
-		return
-	}
-	q.run(ctx, logger, "service", syncKey)
-}
-
-// run syncs keys with endpointWorkers workers until ctx ends.
-func (q *serviceQueue) run(ctx context.Context, logger hclog.Logger, what string, syncKey func(context.Context, string) error) {
-	go func() {
-		<-ctx.Done()
-		q.queue.ShutDown()
-	}()
-	var workers sync.WaitGroup
-	for range endpointWorkers {
-		workers.Go(func() {
-			for q.processNext(ctx, logger, what, syncKey) {
-			}
-		})
-	}
-	workers.Wait()
-}
-
-// processNext syncs one key from the queue; it returns false once the queue is shut down.
-func (q *serviceQueue) processNext(ctx context.Context, logger hclog.Logger, what string, syncKey func(context.Context, string) error) bool {
-	key, quit := q.queue.Get()
-	if quit {
-		return false
-	}
-	defer q.queue.Done(key)
-	q.mu.Lock()
-	q.lastSync[key] = q.now()
-	q.mu.Unlock()
-	err := syncKey(ctx, key)
-	if err != nil && ctx.Err() == nil {
-		// A conflict or a stale cache only means the informer is behind; the retry, soon, sees more.
-		if apierrors.IsConflict(err) || apierrors.IsAlreadyExists(err) || errors.Is(err, errStaleSlices) {
-			logger.Debug("sync failed, retrying", what, key, "error", err)
-			q.queue.AddAfter(key, q.behind.When(key))
-			return true
-		}
-		logger.Warn("sync failed, retrying", what, key, "error", err)
-		q.queue.AddRateLimited(key)
-		return true
-	}
-	q.queue.Forget(key)
-	q.behind.Forget(key)
-	return true
+	q.setSync(logger, syncKey)
+	q.run(ctx, c, synced...)
 }

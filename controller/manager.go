@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"sync"
+	"time"
 
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
@@ -16,6 +17,9 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	kubecontroller "k8s.io/kubernetes/pkg/controller"
+	"k8s.io/kubernetes/pkg/controller/history"
+	volumecommon "k8s.io/kubernetes/pkg/controller/volume/common"
 )
 
 // Clients are what controllers talk to the API with.
@@ -30,6 +34,8 @@ type Clients struct {
 	// Members is the gossip pool, for the node lifecycle controller; nil turns it off.
 	Members       Members
 	NodeLifecycle NodeLifecycleConfig
+	// QuotaSyncPeriod is how often the resource quota controller recomputes every quota (0: five minutes).
+	QuotaSyncPeriod time.Duration
 	// CertificateSigning is the CA the certificate controllers sign with.
 	CertificateSigning CertificateSigning
 	// RootCA is the cluster CA certificate (PEM), which the root CA publisher puts in every namespace as
@@ -41,6 +47,8 @@ type Clients struct {
 	ConfigFor func(serviceAccount string) (*rest.Config, error)
 
 	broadcaster record.EventBroadcaster
+	// config is the rest config the clients act with, for clients a controller builds itself (scale).
+	config *rest.Config
 }
 
 // NewClients builds the clients for a rest config.
@@ -70,6 +78,7 @@ func (c *Clients) connect(cfg *rest.Config) error {
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: kube.CoreV1().Events("")})
 	c.Kube, c.Dynamic, c.Metadata, c.Discovery = kube, dyn, meta, kube.Discovery()
+	c.config = cfg
 	c.broadcaster = broadcaster
 	c.Recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "node-controller"})
 	return nil
@@ -113,11 +122,21 @@ var controllers = []struct {
 	{"node-lifecycle", "node-controller", runNodeLifecycle},
 	{"replicaset", "replicaset-controller", runReplicaSetController},
 	{"deployment", "deployment-controller", runDeploymentController},
+	{"daemonset", "daemon-set-controller", runDaemonSetController},
+	{"statefulset", "statefulset-controller", runStatefulSetController},
 	{"endpointslice", "endpointslice-controller", runEndpointSliceController},
 	{"endpoints", "endpoint-controller", runEndpointsController},
 	{"clusterrole-aggregation", "clusterrole-aggregation-controller", runClusterRoleAggregation},
 	{"root-ca-cert-publisher", "root-ca-cert-publisher", runRootCACertPublisher},
 	{"certificates", "certificate-controller", runCertificateControllers},
+	{"job", "job-controller", runJobController},
+	{"cronjob", "cronjob-controller", runCronJobController},
+	{"ttl-after-finished", "ttl-after-finished-controller", runTTLAfterFinishedController},
+	{"disruption", "disruption-controller", runDisruptionController},
+	{"persistentvolume-binder", "persistent-volume-binder", runPersistentVolumeBinder},
+	{"pvc-protection", "pvc-protection-controller", runPVCProtection},
+	{"pv-protection", "pv-protection-controller", runPVProtection},
+	{"resourcequota", "resourcequota-controller", runResourceQuotaController},
 }
 
 // podsByNode names the pod informer's index by spec.nodeName.
@@ -127,9 +146,28 @@ const podsByNode = "nodeName"
 // has started, and the controllers start concurrently (any of them may start the factory first), so the
 // manager adds them before any controller runs.
 func addSharedIndexers(f informers.SharedInformerFactory) error {
-	return f.Core().V1().Pods().Informer().AddIndexers(cache.Indexers{podsByNode: func(obj any) ([]string, error) {
+	pods := f.Core().V1().Pods().Informer()
+	if err := pods.AddIndexers(cache.Indexers{podsByNode: func(obj any) ([]string, error) {
 		return []string{obj.(*corev1.Pod).Spec.NodeName}, nil
-	}})
+	}}); err != nil {
+		return err
+	}
+	// Kubernetes' controllers (Job, DaemonSet, StatefulSet) each add the pods-by-controller index if it is
+	// missing; two adding it at once would collide, and one adding it once another started the factory fails.
+	if err := kubecontroller.AddPodControllerIndexer(pods); err != nil {
+		return err
+	}
+	// Likewise the DaemonSet controller's pods-by-node index, and the pods-by-claim index that the
+	// PersistentVolume and pvc-protection controllers add (adding it while another controller reads the
+	// indexers is a data race).
+	if err := kubecontroller.AddPodNodeNameIndexer(pods); err != nil {
+		return err
+	}
+	if err := volumecommon.AddPodPVCIndexerIfNotPresent(pods.GetIndexer()); err != nil {
+		return err
+	}
+	// The StatefulSet controller's ControllerRevisions by owner, likewise.
+	return history.AddControllerRevisionControllerIndexer(f.Apps().V1().ControllerRevisions().Informer())
 }
 
 // Run runs every controller until ctx ends (the leader lost its leadership).

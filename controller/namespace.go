@@ -9,7 +9,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 )
 
 // runNamespaceController empties terminating namespaces, then removes the "kubernetes" finalizer through the
@@ -22,42 +21,24 @@ import (
 //     that long to go).
 func runNamespaceController(ctx context.Context, c *Clients) {
 	informer := c.Informers.Core().V1().Namespaces().Informer()
-	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-	defer queue.ShutDown()
+	queue := newKeyQueue(queueConfig{what: "namespace", logger: c.Logger.Named("namespace"),
+		sync: func(ctx context.Context, name string) (time.Duration, error) {
+			done, err := syncNamespace(ctx, c, name)
+			if err == nil && !done {
+				return time.Second, nil // pods with a grace period take that long to go
+			}
+			return 0, err
+		}})
 	enqueue := func(obj interface{}) {
 		if ns, ok := obj.(*corev1.Namespace); ok && ns.DeletionTimestamp != nil {
-			queue.Add(ns.Name)
+			queue.add(ns.Name)
 		}
 	}
 	informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    enqueue,
 		UpdateFunc: func(_, obj interface{}) { enqueue(obj) },
 	})
-	go func() {
-		<-ctx.Done()
-		queue.ShutDown()
-	}()
-	c.Informers.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
-		return
-	}
-	for {
-		name, quit := queue.Get()
-		if quit {
-			return
-		}
-		done, err := syncNamespace(ctx, c, name)
-		switch {
-		case err != nil:
-			c.Logger.Warn("namespace cleanup failed, retrying", "namespace", name, "error", err)
-			queue.AddRateLimited(name)
-		case !done:
-			queue.AddAfter(name, time.Second)
-		default:
-			queue.Forget(name)
-		}
-		queue.Done(name)
-	}
+	queue.run(ctx, c, informer.HasSynced)
 }
 
 func syncNamespace(ctx context.Context, c *Clients, name string) (bool, error) {

@@ -22,7 +22,6 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 )
 
 const (
@@ -46,7 +45,7 @@ type replicaSetController struct {
 	kube         kubernetes.Interface
 	replicaSets  appslisters.ReplicaSetLister
 	pods         corelisters.PodLister
-	queue        workqueue.TypedRateLimitingInterface[string]
+	queue        *keyQueue
 	expectations *expectations
 	recorder     record.EventRecorder
 	logger       hclog.Logger
@@ -70,12 +69,11 @@ func runReplicaSetController(ctx context.Context, c *Clients) {
 		kube:         c.Kube,
 		replicaSets:  replicaSets.Lister(),
 		pods:         pods.Lister(),
-		queue:        workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]()),
 		expectations: newExpectations(),
 		recorder:     recorder,
 		logger:       c.Logger.Named("replicaset"),
 	}
-	defer r.queue.ShutDown()
+	r.queue = newKeyQueue(queueConfig{what: "replicaset", workers: replicaSetWorkers, logger: r.logger, sync: r.sync})
 	replicaSets.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(obj any) { r.enqueue(obj.(*appsv1.ReplicaSet)) },
 		UpdateFunc: r.replicaSetUpdated,
@@ -86,50 +84,10 @@ func runReplicaSetController(ctx context.Context, c *Clients) {
 		UpdateFunc: r.podUpdated,
 		DeleteFunc: r.podDeleted,
 	})
-	go func() {
-		<-ctx.Done()
-		r.queue.ShutDown()
-	}()
-	c.Informers.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), replicaSets.Informer().HasSynced, pods.Informer().HasSynced) {
-		return
-	}
-	var workers sync.WaitGroup
-	for range replicaSetWorkers {
-		workers.Go(func() {
-			for r.processNext(ctx) {
-			}
-		})
-	}
-	workers.Wait()
+	r.queue.run(ctx, c, replicaSets.Informer().HasSynced, pods.Informer().HasSynced)
 }
 
-// processNext syncs one key from the queue; it returns false once the queue is shut down.
-func (r *replicaSetController) processNext(ctx context.Context) bool {
-	key, quit := r.queue.Get()
-	if quit {
-		return false
-	}
-	defer r.queue.Done(key)
-	recheckIn, err := r.sync(ctx, key)
-	if err != nil && ctx.Err() == nil {
-		// A conflict only means a newer version arrived meanwhile; the retry reads it.
-		logf := r.logger.Warn
-		if apierrors.IsConflict(err) {
-			logf = r.logger.Debug
-		}
-		logf("syncing replicaset, retrying", "replicaset", key, "error", err)
-		r.queue.AddRateLimited(key)
-		return true
-	}
-	r.queue.Forget(key)
-	if recheckIn > 0 {
-		r.queue.AddAfter(key, recheckIn)
-	}
-	return true
-}
-
-func (r *replicaSetController) enqueue(rs *appsv1.ReplicaSet) { r.queue.Add(replicaSetKey(rs)) }
+func (r *replicaSetController) enqueue(rs *appsv1.ReplicaSet) { r.queue.add(replicaSetKey(rs)) }
 
 // Event handlers. Their job is to queue the right ReplicaSets and to count the pod adds and deletes that
 // expectations wait for.
@@ -153,7 +111,7 @@ func (r *replicaSetController) replicaSetDeleted(obj any) {
 		return
 	}
 	r.expectations.forget(key)
-	r.queue.Add(key)
+	r.queue.add(key)
 }
 
 func (r *replicaSetController) podAdded(obj any) {

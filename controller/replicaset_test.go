@@ -23,7 +23,6 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
-	"k8s.io/client-go/util/workqueue"
 )
 
 var rankNow = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
@@ -480,12 +479,13 @@ func newReplicaSetHarness(t *testing.T, rs *appsv1.ReplicaSet, pods ...*corev1.P
 		return false, nil, nil
 	})
 	rec := record.NewFakeRecorder(1000)
-	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-	t.Cleanup(queue.ShutDown)
-	return &replicaSetHarness{kube: kube, pods: podIdx, recorder: rec, r: &replicaSetController{
+	r := &replicaSetController{
 		kube: kube, replicaSets: appslisters.NewReplicaSetLister(rsIdx), pods: corelisters.NewPodLister(podIdx),
-		queue: queue, expectations: newExpectations(), recorder: rec, logger: hclog.NewNullLogger(),
-	}}
+		expectations: newExpectations(), recorder: rec, logger: hclog.NewNullLogger(),
+	}
+	r.queue = newKeyQueue(queueConfig{what: "replicaset", sync: r.sync})
+	t.Cleanup(r.queue.shutDown)
+	return &replicaSetHarness{kube: kube, pods: podIdx, recorder: rec, r: r}
 }
 
 func (h *replicaSetHarness) actions(verb string) int {

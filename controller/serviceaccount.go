@@ -2,12 +2,12 @@ package controller
 
 import (
 	"context"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
-	"k8s.io/client-go/util/workqueue"
 )
 
 // defaultServiceAccount is the account pods run as unless they name another.
@@ -18,11 +18,13 @@ const defaultServiceAccount = "default"
 func runServiceAccountController(ctx context.Context, c *Clients) {
 	namespaces := c.Informers.Core().V1().Namespaces()
 	accounts := c.Informers.Core().V1().ServiceAccounts()
-	queue := workqueue.NewTypedRateLimitingQueue(workqueue.DefaultTypedControllerRateLimiter[string]())
-	defer queue.ShutDown()
+	queue := newKeyQueue(queueConfig{what: "namespace", logger: c.Logger.Named("serviceaccount"),
+		sync: func(ctx context.Context, namespace string) (time.Duration, error) {
+			return 0, ensureDefaultServiceAccount(ctx, c, namespace)
+		}})
 	namespaces.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { queue.Add(obj.(*corev1.Namespace).Name) },
-		UpdateFunc: func(_, obj any) { queue.Add(obj.(*corev1.Namespace).Name) },
+		AddFunc:    func(obj any) { queue.add(obj.(*corev1.Namespace).Name) },
+		UpdateFunc: func(_, obj any) { queue.add(obj.(*corev1.Namespace).Name) },
 	})
 	accounts.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		DeleteFunc: func(obj any) {
@@ -30,31 +32,11 @@ func runServiceAccountController(ctx context.Context, c *Clients) {
 				obj = tomb.Obj
 			}
 			if sa, ok := obj.(*corev1.ServiceAccount); ok && sa.Name == defaultServiceAccount {
-				queue.Add(sa.Namespace)
+				queue.add(sa.Namespace)
 			}
 		},
 	})
-	go func() {
-		<-ctx.Done()
-		queue.ShutDown()
-	}()
-	c.Informers.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), namespaces.Informer().HasSynced, accounts.Informer().HasSynced) {
-		return
-	}
-	for {
-		name, quit := queue.Get()
-		if quit {
-			return
-		}
-		if err := ensureDefaultServiceAccount(ctx, c, name); err != nil && ctx.Err() == nil {
-			c.Logger.Warn("creating the default service account, retrying", "namespace", name, "error", err)
-			queue.AddRateLimited(name)
-		} else {
-			queue.Forget(name)
-		}
-		queue.Done(name)
-	}
+	queue.run(ctx, c, namespaces.Informer().HasSynced, accounts.Informer().HasSynced)
 }
 
 func ensureDefaultServiceAccount(ctx context.Context, c *Clients, namespace string) error {

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -22,8 +23,10 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 
+	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/internal/join"
 	"github.com/skiff-dev/skiff/internal/proctest"
+	"github.com/skiff-dev/skiff/raftnode"
 )
 
 // asToken is kubectl for a bearer token alone: a kubeconfig with the admin's server and CA, and no admin
@@ -102,6 +105,16 @@ func asCert(t *testing.T, admin kubectl, name string, certPEM, keyPEM []byte) ku
 		t.Fatal(err)
 	}
 	return kubectl{t: t, kubeconfig: path}
+}
+
+// fixedCreds are raftnode.Credentials that never change.
+type fixedCreds struct {
+	cert *tls.Certificate
+	pool *x509.CertPool
+}
+
+func (c fixedCreds) RaftCredentials() (*tls.Certificate, *x509.CertPool, error) {
+	return c.cert, c.pool, nil
 }
 
 // bootstrapNode is a node's TLS bootstrap with the stock kubectl: as the join token's bootstrapper, it asks
@@ -329,6 +342,44 @@ func TestAccessControl(t *testing.T) {
 		mustContain(t, "a CSR that is not one", admin.fails("create", "-f", garbage), "is invalid", "spec.request: Invalid value")
 		unqualified, _ := csrManifest(t, "unqualified", "my-signer", "alice")
 		mustContain(t, "an unqualified signer", admin.fails("create", "-f", unqualified), "is invalid", "spec.signerName: Invalid value")
+	})
+
+	t.Run("raft port", func(t *testing.T) {
+		// The internal write RPC on the server process's Raft port: plain TCP and a node's certificate from
+		// the cluster CA get no write in; the server's own certificate (the control) does.
+		token := strings.TrimSpace(string(joinToken))
+		bootstrapper := asToken(t, admin, "bootstrap-raft-node", join.BearerToken("raft-node", token))
+		csrFile, keyPEM := csrManifest(t, "bootstrap-raft-node", certificatesv1.KubeAPIServerClientKubeletSignerName, "system:node:raft-node", "system:nodes")
+		bootstrapper.ok("create", "-f", csrFile)
+		nodeCert, err := tls.X509KeyPair(waitForCertificate(t, bootstrapper, "bootstrap-raft-node"), keyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		caPEM, err := os.ReadFile(filepath.Join(p.Dir, "pki", "ca.crt"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AppendCertsFromPEM(caPEM)
+		write := func(client *raftnode.Client, key string) error {
+			defer client.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			res, err := client.Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: key, Value: []byte("x")})
+			if err == nil {
+				err = res.Err()
+			}
+			return err
+		}
+		if err := write(raftnode.NewClient(p.RaftAddr, raftnode.TCPLayer{}), "/e2e/raft-door/tcp"); err == nil {
+			t.Fatal("a plain TCP client wrote to the store")
+		}
+		if err := write(raftnode.NewClient(p.RaftAddr, raftnode.TLSLayer{Creds: fixedCreds{&nodeCert, pool}}), "/e2e/raft-door/node"); err == nil {
+			t.Fatal("a node's certificate wrote to the store")
+		}
+		if err := write(p.RaftClient(t), "/e2e/raft-door/server"); err != nil {
+			t.Fatalf("the server's own certificate could not write: %v", err)
+		}
 	})
 
 	t.Run("nodes", func(t *testing.T) {

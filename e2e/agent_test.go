@@ -94,6 +94,26 @@ func TestSimulatedAgentRunsPods(t *testing.T) {
 		}
 		return nil
 	})
+	// `skiff operator token rotate` revokes the token the agents joined with: an agent that presents it now
+	// stops, with no certificate; the running agent keeps its own.
+	rotated, err := c.Operator(c.Procs[0], "token", "rotate")
+	if err != nil || !strings.HasPrefix(rotated, "K10") {
+		t.Fatalf("skiff operator token rotate: %q, %v", rotated, err)
+	}
+	late, lateOut := startAgent(t, "late", server, joinToken, `runtime = "simulated"`)
+	lateDone := make(chan error, 1)
+	go func() { lateDone <- late.Wait() }()
+	select {
+	case err := <-lateDone:
+		if err == nil || !strings.Contains(lateOut.String(), "does not match the join token") {
+			t.Fatalf("agent with the revoked token: exit %v, output:\n%s", err, lateOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatalf("agent with the revoked token still running:\n%s", lateOut.String())
+	}
+	if out := k.ok("get", "csr", "-o", "jsonpath={.items[*].spec.username}"); strings.Contains(out, "late") {
+		t.Fatalf("the revoked token got a CSR in: %s", out)
+	}
 	mustContain(t, "node labels", k.ok("get", "node", "sim-2", "-o", "jsonpath={.metadata.labels}"), `"topology.kubernetes.io/zone":"zone-2"`, `"kubernetes.io/hostname":"sim-2"`)
 	mustContain(t, "node taints", k.ok("get", "node", "sim-0", "-o", "jsonpath={.spec.taints}"), "dedicated", "PreferNoSchedule")
 	mustContain(t, "node info", k.ok("get", "node", "sim-0", "-o", "jsonpath={.status.nodeInfo.containerRuntimeVersion} {.status.capacity.cpu}"), "simulated://1 2")

@@ -1,8 +1,11 @@
 package e2e
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -65,6 +68,25 @@ func TestDevServerOperatorCommands(t *testing.T) {
 	// The server still serves after all that.
 	if out, err := run("operator", "raft", "list-peers"); err != nil || !strings.Contains(out, "leader") {
 		t.Fatalf("list-peers after restore: %v\n%s", err, out)
+	}
+	// A debug bundle holds every part, each with what it should.
+	bundle := filepath.Join(t.TempDir(), "debug.tar.gz")
+	if out, err := run("operator", "debug", "-output", bundle); err != nil || strings.Contains(out, "errors.txt") {
+		t.Fatalf("debug: %v\n%s", err, out)
+	}
+	parts := readTarGz(t, bundle)
+	for file, want := range map[string]string{
+		"health.json": `"healthy":true`, "raft-peers.json": `"state":"leader"`, "raft-state.json": `"last_log_index"`,
+		"members.json": `"dev"`, "server.log": "raft", "metrics.txt": "skiff_", "version.json": "gitVersion",
+		"goroutines.txt": "goroutine ", "heap.pprof": "",
+	} {
+		data, ok := parts[file]
+		if !ok || len(data) == 0 || !strings.Contains(string(data), want) {
+			t.Errorf("bundle part %s (present %v, %d bytes) lacks %q", file, ok, len(data), want)
+		}
+	}
+	if out, err := run("operator", "debug", "-output", bundle); err == nil {
+		t.Fatalf("debug over an existing file succeeded:\n%s", out)
 	}
 	// SIGTERM exits cleanly.
 	cmd.Process.Signal(syscall.SIGTERM)
@@ -161,4 +183,34 @@ func TestDevRunsAPod(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// readTarGz reads every file of a tar.gz.
+func readTarGz(t *testing.T, path string) map[string][]byte {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	gz, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(gz)
+	files := map[string][]byte{}
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			return files
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, err := io.ReadAll(tr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[h.Name] = data
+	}
 }

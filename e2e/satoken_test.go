@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +24,8 @@ const saDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 // agent on containerd, the service proxy and cluster DNS): a pod gets the kube-api-access volume (a token
 // bound to it, the cluster CA from kube-root-ca.crt, its namespace) and, calling
 // https://kubernetes.default.svc with them, can do what its account's RoleBinding allows and nothing else; a
-// pod that opts out has nothing mounted; a pod whose account does not exist is refused.
+// pod that opts out has nothing mounted; a pod whose account does not exist is refused. The pod also has the
+// service links of its namespace's Services (enableServiceLinks).
 func TestServiceAccountToken(t *testing.T) {
 	requireRealRuntime(t)
 	dir, err := os.MkdirTemp("", "skiff-satoken-")
@@ -58,6 +60,7 @@ func TestServiceAccountToken(t *testing.T) {
 	k.ok("create", "namespace", "sa-other")
 	k.ok("create", "serviceaccount", "reader", "-n", "sa-e2e")
 	k.ok("create", "rolebinding", "reader-view", "-n", "sa-e2e", "--clusterrole=view", "--serviceaccount=sa-e2e:reader")
+	k.ok("create", "service", "clusterip", "links", "--tcp=80:8080", "-n", "sa-e2e") // before the pods, for their links
 	applyYAML(t, k, fmt.Sprintf(`apiVersion: v1
 kind: Pod
 metadata: {name: reader, namespace: sa-e2e}
@@ -148,6 +151,15 @@ spec:
 		}
 		if out, err := k.run("exec", "no-token", "-n", "sa-e2e", "--", "ls", saDir); err == nil {
 			t.Errorf("no-token has %s: %s", saDir, out)
+		}
+	})
+
+	t.Run("the service links", func(t *testing.T) {
+		k := k.withT(t)
+		ip := k.ok("get", "service", "links", "-n", "sa-e2e", "-o", "jsonpath={.spec.clusterIP}")
+		env := k.stdout("exec", "reader", "-n", "sa-e2e", "--", "env")
+		if want := "LINKS_SERVICE_HOST=" + ip; ip == "" || !slices.Contains(strings.Split(env, "\n"), want) {
+			t.Errorf("the pod's environment has no %s:\n%s", want, env)
 		}
 	})
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,6 +28,13 @@ func TestThreeServerProcessesFailover(t *testing.T) {
 		return err
 	})
 	oldLeader := c.ByName(c.HealthyPeers(first, 3))
+	// `skiff operator health` is a probe: exit 0 while the cluster is healthy, not once a server is gone.
+	proctest.WaitFor(t, "operator health to pass", 30*time.Second, func() error {
+		if out, err := c.Operator(first, "health"); err != nil || !strings.Contains(out, "failure tolerance: 1") {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
 
 	c.Kill(oldLeader)
 	var survivor *proctest.Proc
@@ -36,6 +44,12 @@ func TestThreeServerProcessesFailover(t *testing.T) {
 			break
 		}
 	}
+	proctest.WaitFor(t, "operator health to fail with a server gone", 30*time.Second, func() error {
+		if out, err := c.Operator(survivor, "health"); err == nil || !strings.Contains(out, "failure tolerance: 0") {
+			return fmt.Errorf("exit %v: %s", err, out)
+		}
+		return nil
+	})
 	proctest.WaitFor(t, "a new leader", 30*time.Second, func() error {
 		out, err := c.Operator(survivor, "raft", "list-peers")
 		if err != nil {

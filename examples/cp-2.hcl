@@ -13,5 +13,7 @@ ports {
 server {
   enabled          = true
   bootstrap_expect = 3
+  # The cluster token, the same on every server (make your own: openssl rand -hex 16).
+  token            = "example-cluster-token-change-me"
   retry_join       = ["127.0.0.1:7946", "127.0.0.2:7946", "127.0.0.3:7946"]
 }

@@ -34,6 +34,9 @@ const (
 // ErrCorruptSnapshot wraps every reason a snapshot stream is refused.
 var ErrCorruptSnapshot = errors.New("corrupt snapshot")
 
+// ErrNewerSnapshot means the snapshot was written in a format newer than this binary reads.
+var ErrNewerSnapshot = errors.New("snapshot from a newer skiff")
+
 // Snapshot is a point-in-time copy of the store. Taking one is cheap (the tree is copy-on-write); writing it
 // out may happen on another goroutine while the store keeps applying.
 type Snapshot struct {
@@ -135,7 +138,10 @@ func newSnapshotReader(r io.Reader) (*snapshotReader, error) {
 	if sr.info.Version, err = sr.readUvarint(); err != nil {
 		return nil, sr.truncated(err)
 	}
-	if sr.info.Version != snapshotVersion {
+	switch {
+	case sr.info.Version > snapshotVersion:
+		return nil, fmt.Errorf("%w: the snapshot's format version %d is newer than this skiff reads (%d): restore it with the skiff that wrote it, or a newer one", ErrNewerSnapshot, sr.info.Version, snapshotVersion)
+	case sr.info.Version != snapshotVersion:
 		return nil, fmt.Errorf("%w: unsupported snapshot format version %d", ErrCorruptSnapshot, sr.info.Version)
 	}
 	if sr.info.Revision, err = binary.ReadVarint(byteReaderFunc(sr.readByte)); err != nil {
@@ -315,4 +321,26 @@ func keyPrefix(key string) string {
 		return key
 	}
 	return strings.Join(parts[:3], "/")
+}
+
+// RebaseSnapshot copies the snapshot from r to w with every revision and the applied index brought down to
+// at most ceiling, and returns what it read. A snapshot from another cluster may run ahead of the Raft log it
+// is restored into; since a Skiff revision is the Raft index that wrote it, the restored keys must not carry
+// revisions the log has not reached, or the next writes would get lower revisions than what already exists.
+// Clamping keeps the order of revisions among the keys (ties aside), which is all a client may rely on.
+func RebaseSnapshot(r io.Reader, w io.Writer, ceiling int64) (SnapshotInfo, error) {
+	tree, _, info, err := readSnapshot(r)
+	if err != nil {
+		return info, err
+	}
+	out := btree.NewG(32, kvLess)
+	tree.Ascend(func(kv *KeyValue) bool {
+		c := *kv
+		c.CreateRevision, c.ModRevision = min(c.CreateRevision, ceiling), min(c.ModRevision, ceiling)
+		out.ReplaceOrInsert(&c)
+		return true
+	})
+	sn := &Snapshot{tree: out, revision: min(info.Revision, ceiling), applied: min(info.Applied, uint64(ceiling))}
+	_, err = sn.WriteTo(w)
+	return info, err
 }

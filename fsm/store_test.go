@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand"
+	"strings"
 	"testing"
 	"time"
 )
@@ -373,6 +374,26 @@ func TestCorruptSnapshotRefused(t *testing.T) {
 				t.Fatal("refused restore changed the store")
 			}
 		})
+	}
+}
+
+// TestNewerSnapshotRefused: a snapshot whose format version is newer than this binary's is refused with its
+// own error, and the store is left as it was.
+func TestNewerSnapshotRefused(t *testing.T) {
+	a := newApplier(Options{})
+	a.apply(Command{Type: CmdCreate, Key: "/k", Value: []byte("value")})
+	var buf bytes.Buffer
+	a.s.Snapshot().WriteTo(&buf)
+	newer := append([]byte(nil), buf.Bytes()...)
+	newer[len(snapshotMagic)] = snapshotVersion + 1 // the version is the uvarint after the magic
+	b := newApplier(Options{})
+	b.apply(Command{Type: CmdCreate, Key: "/keep", Value: []byte("me")})
+	err := b.s.Restore(bytes.NewReader(newer))
+	if !errors.Is(err, ErrNewerSnapshot) || !strings.Contains(err.Error(), "newer than this skiff reads") {
+		t.Fatalf("restore error = %v, want ErrNewerSnapshot", err)
+	}
+	if _, _, err := b.s.Get("/keep"); err != nil {
+		t.Fatal("refused restore changed the store")
 	}
 }
 

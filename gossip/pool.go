@@ -1,7 +1,6 @@
 package gossip
 
 import (
-	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -39,6 +38,11 @@ type Meta struct {
 	// Leaving is set just before a graceful leave, so the others can tell "left" from "failed": memberlist
 	// reports both as a leave.
 	Leaving bool `json:"l,omitempty"`
+	// KeyringHash is Keyring.Hash of the member's gossip keyring, which the pool fills in itself: it tells
+	// when every member has applied a new keyring. Empty without encryption.
+	KeyringHash string `json:"kh,omitempty"`
+	// Version is the member's Skiff version (internal/version), shown by `skiff operator members`.
+	Version string `json:"v,omitempty"`
 }
 
 // HostedNodes are the names of the nodes the member hosts.
@@ -100,8 +104,12 @@ type Config struct {
 	// joins through them as well as RetryJoin, whose members may be gone by then (a restarted agent whose
 	// only retry_join server died would otherwise never rejoin). Empty keeps nothing.
 	PeersFile string
-	// EncryptKey is a base64 AES key (16, 24 or 32 bytes); empty disables encryption.
-	EncryptKey string
+	// Encryption. The member starts with the keyring in KeyringFile when that file exists, else with
+	// EncryptKey, else with DefaultKey; with none of them gossip is not encrypted. KeyringFile is rewritten
+	// whenever the keyring changes (SetKeyring), so that a restart keeps rotated keys.
+	EncryptKey  string // base64 AES key (16, 24 or 32 bytes), as the operator configured it
+	DefaultKey  []byte // the key when the operator configured none: KeyFromSecret of the cluster token
+	KeyringFile string // empty keeps no file
 	// Local selects memberlist's loopback timings (fast failure detection), for tests and dev mode.
 	Local  bool
 	Logger hclog.Logger
@@ -119,6 +127,13 @@ type Pool struct {
 	members    map[string]Member
 	subs       map[chan Event]struct{}
 	peersDirty bool // the member table changed since PeersFile was written
+	// leaveIntents holds, by member name, the BootID of the run that announced a graceful leave directly
+	// to this member (see Leave): it tells "left" from "failed" even when memberlist's leave overtook the
+	// Leaving metadata.
+	leaveIntents map[string]string
+	// keyringHash is published in the metadata (Meta.KeyringHash); keyMu serializes keyring changes.
+	keyringHash string
+	keyMu       sync.Mutex
 
 	joinAddrs []string // RetryJoin, then the remembered peers
 
@@ -143,7 +158,7 @@ func New(cfg Config) (*Pool, error) {
 	}
 	p := &Pool{
 		cfg: cfg, logger: cfg.Logger.Named("gossip"), meta: cfg.Meta,
-		members: map[string]Member{}, subs: map[chan Event]struct{}{},
+		members: map[string]Member{}, subs: map[chan Event]struct{}{}, leaveIntents: map[string]string{},
 		joined: make(chan struct{}), joinFailed: make(chan struct{}), stop: make(chan struct{}),
 	}
 	mc := memberlist.DefaultLANConfig()
@@ -166,14 +181,13 @@ func New(cfg Config) (*Pool, error) {
 	mc.Delegate = (*delegate)(p)
 	mc.Events = (*events)(p)
 	mc.Logger = p.logger.StandardLogger(&hclog.StandardLoggerOptions{InferLevels: true})
-	if cfg.EncryptKey != "" {
-		key, err := base64.StdEncoding.DecodeString(cfg.EncryptKey)
-		if err != nil {
-			return nil, fmt.Errorf("gossip encryption key is not base64: %w", err)
-		}
-		if mc.Keyring, err = memberlist.NewKeyring(nil, key); err != nil {
+	if ring, ok, err := p.initialKeyring(); err != nil {
+		return nil, err
+	} else if ok {
+		if mc.Keyring, err = memberlistKeyring(ring); err != nil {
 			return nil, fmt.Errorf("gossip encryption key: %w", err)
 		}
+		p.keyringHash = ring.Hash()
 	}
 	if _, err := json.Marshal(cfg.Meta); err != nil {
 		return nil, err
@@ -336,7 +350,14 @@ func (p *Pool) retryJoin() {
 			close(p.joinFailed)
 			return
 		}
-		p.logger.Debug("join attempt failed, retrying", "addresses", p.joinAddrs, "error", err)
+		if attempt%30 == 5 && len(p.joinAddrs) > 0 {
+			// Say it now and then: a member with another encryption key fails to join in silence otherwise.
+			// (With no address but its own, a first server waits for the others to join it: nothing to say.)
+			p.logger.Warn("not in the gossip pool yet: the members are unreachable, or use another encryption key; retrying",
+				"addresses", p.joinAddrs, "attempts", attempt, "error", err)
+		} else {
+			p.logger.Debug("join attempt failed, retrying", "addresses", p.joinAddrs, "error", err)
+		}
 		select {
 		case <-p.stop:
 			return
@@ -441,14 +462,68 @@ func (p *Pool) UpdateMeta(m Meta) error {
 }
 
 // Leave tells the pool this member is going away, waiting up to timeout for the message to spread.
+//
+// The Leaving metadata alone is not enough: it spreads by gossip, and memberlist's own leave message may
+// reach a member first, which then reports a failure. So the intent is also sent to each alive member over
+// memberlist's reliable (TCP) channel before the leave itself.
 func (p *Pool) Leave(timeout time.Duration) error {
 	p.mu.Lock()
 	p.meta.Leaving = true
+	intent, _ := json.Marshal(leaveIntent{Name: p.cfg.Name, BootID: p.meta.BootID})
 	p.mu.Unlock()
-	if err := p.ml.UpdateNode(timeout / 2); err != nil {
+	if err := p.ml.UpdateNode(timeout / 3); err != nil {
 		p.logger.Warn("announcing leave", "error", err)
 	}
-	return p.ml.Leave(timeout / 2)
+	p.sendToAlive(append([]byte{msgLeaveIntent}, intent...), timeout/3)
+	return p.ml.Leave(timeout / 3)
+}
+
+// User messages between pool members; the first byte is the type.
+const msgLeaveIntent byte = 'L'
+
+type leaveIntent struct {
+	Name   string `json:"n"`
+	BootID string `json:"b"`
+}
+
+// sendToAlive sends msg to every other alive member at once, waiting at most timeout for them all.
+func (p *Pool) sendToAlive(msg []byte, timeout time.Duration) {
+	var wg sync.WaitGroup
+	for _, n := range p.ml.Members() {
+		if n.Name == p.cfg.Name {
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := p.ml.SendReliable(n, msg); err != nil {
+				p.logger.Debug("sending to member", "member", n.Name, "error", err)
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(timeout):
+	}
+}
+
+// receiveLeaveIntent records a member's announced leave; when memberlist already reported that member's
+// leave as a failure, it corrects the member to left.
+func (p *Pool) receiveLeaveIntent(b []byte) {
+	var in leaveIntent
+	if err := json.Unmarshal(b, &in); err != nil || in.Name == "" {
+		p.logger.Warn("unreadable leave intent", "error", err)
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.leaveIntents[in.Name] = in.BootID
+	if m, ok := p.members[in.Name]; ok && m.Status == StatusDead && m.Meta.BootID == in.BootID {
+		m.Status = StatusLeft
+		p.setLocked(EventLeave, m)
+	}
 }
 
 // Shutdown stops the member without leaving (others will see it fail).
@@ -463,17 +538,29 @@ func (p *Pool) record(t EventType, n *memberlist.Node) {
 	if err := json.Unmarshal(n.Meta, &m.Meta); err != nil && len(n.Meta) > 0 {
 		p.logger.Warn("member sent unreadable metadata", "member", n.Name, "error", err)
 	}
-	// memberlist does not fill n.State in its notifications; the event type and the leaving flag tell.
-	if t == EventLeave {
-		m.Status = StatusDead
-		if m.Meta.Leaving {
-			m.Status = StatusLeft
-		}
-	} else if m.Meta.Leaving {
-		m.Status = StatusLeft
-	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	// memberlist does not fill n.State in its notifications; the event type, the leaving flag and a leave
+	// intent received from this run of the member tell.
+	announced := m.Meta.Leaving
+	if boot, ok := p.leaveIntents[m.Name]; ok {
+		if t == EventJoin {
+			delete(p.leaveIntents, m.Name)
+		} else if boot == m.Meta.BootID {
+			announced = true
+		}
+	}
+	switch {
+	case announced:
+		m.Status = StatusLeft
+	case t == EventLeave:
+		m.Status = StatusDead
+	}
+	p.setLocked(t, m)
+}
+
+// setLocked stores a member and tells the subscribers. p.mu is held.
+func (p *Pool) setLocked(t EventType, m Member) {
 	p.members[m.Name] = m
 	p.peersDirty = true
 	ev := Event{Type: t, Member: m}
@@ -500,14 +587,20 @@ type delegate Pool
 func (d *delegate) NodeMeta(limit int) []byte {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	b, _ := json.Marshal(d.meta)
+	m := d.meta
+	m.KeyringHash = d.keyringHash
+	b, _ := json.Marshal(m)
 	if len(b) > limit {
 		(*Pool)(d).logger.Error("member metadata exceeds the gossip limit; sending none", "bytes", len(b), "limit", limit)
 		return nil
 	}
 	return b
 }
-func (d *delegate) NotifyMsg([]byte)                           {}
+func (d *delegate) NotifyMsg(b []byte) {
+	if len(b) > 0 && b[0] == msgLeaveIntent {
+		(*Pool)(d).receiveLeaveIntent(b[1:])
+	}
+}
 func (d *delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (d *delegate) LocalState(join bool) []byte                { return nil }
 func (d *delegate) MergeRemoteState(buf []byte, join bool)     {}

@@ -1,11 +1,16 @@
 package gossip
 
 import (
+	"encoding/json"
 	"fmt"
+	"net"
 	"path/filepath"
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/memberlist"
 
 	"github.com/skiff-dev/skiff/internal/freeport"
 )
@@ -210,5 +215,50 @@ func TestReachableConfirmsAFailure(t *testing.T) {
 	}
 	if !pa.Reachable("b") {
 		t.Fatal("a member held as failed that answers is not reachable")
+	}
+}
+
+// TestLeaveIntentOrdering: a member that announced its leave is "left" whichever of the intent and
+// memberlist's leave arrives first; an intent from an earlier run of the member does not apply to the next.
+func TestLeaveIntentOrdering(t *testing.T) {
+	newPool := func() *Pool {
+		return &Pool{logger: hclog.NewNullLogger(), members: map[string]Member{}, subs: map[chan Event]struct{}{}, leaveIntents: map[string]string{}}
+	}
+	node := func(boot string) *memberlist.Node {
+		meta, _ := json.Marshal(Meta{Role: RoleAgent, BootID: boot})
+		return &memberlist.Node{Name: "a", Addr: net.ParseIP("127.0.0.1"), Port: 7946, Meta: meta}
+	}
+	intent := func(boot string) []byte {
+		b, _ := json.Marshal(leaveIntent{Name: "a", BootID: boot})
+		return b
+	}
+	status := func(p *Pool) Status { m, _ := p.Member("a"); return m.Status }
+
+	p := newPool() // the leave overtakes the intent
+	p.record(EventJoin, node("run-1"))
+	p.record(EventLeave, node("run-1"))
+	if got := status(p); got != StatusDead {
+		t.Fatalf("before the intent: %s, want dead", got)
+	}
+	p.receiveLeaveIntent(intent("run-1"))
+	if got := status(p); got != StatusLeft {
+		t.Fatalf("after the intent: %s, want left", got)
+	}
+
+	p = newPool() // the intent first
+	p.record(EventJoin, node("run-1"))
+	p.receiveLeaveIntent(intent("run-1"))
+	p.record(EventLeave, node("run-1"))
+	if got := status(p); got != StatusLeft {
+		t.Fatalf("intent, then leave: %s, want left", got)
+	}
+	p.record(EventJoin, node("run-2")) // the member restarts, then fails
+	p.record(EventLeave, node("run-2"))
+	if got := status(p); got != StatusDead {
+		t.Fatalf("the next run failing: %s, want dead", got)
+	}
+	p.receiveLeaveIntent(intent("run-1")) // a late intent of the earlier run
+	if got := status(p); got != StatusDead {
+		t.Fatalf("a stale intent: %s, want dead", got)
 	}
 }

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -28,6 +29,7 @@ import (
 
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/gossip"
+	"github.com/skiff-dev/skiff/internal/version"
 	"github.com/skiff-dev/skiff/nodeagent/proxy"
 	"github.com/skiff-dev/skiff/nodeagent/stats"
 )
@@ -41,9 +43,13 @@ type Agent struct {
 	recorder record.EventRecorder
 	nodes    map[string]bool // the nodes this agent hosts
 	pods     cache.Indexer
-	pool     *gossip.Pool  // nil without retry_join
-	facts    *clusterFacts // the servers' skiff-cluster ConfigMap: cluster DNS address and domain
-	ctx      context.Context
+	pool     *gossip.Pool // nil without retry_join
+	// announced is the servers' API addresses the pool last announced, kept for when it sees none alive
+	// (the agent cut off from every server, or its gossip view behind): see serverAddrs.
+	announcedMu sync.Mutex
+	announced   []string
+	facts       *clusterFacts // the servers' skiff-cluster ConfigMap: cluster DNS address and domain
+	ctx         context.Context
 
 	mu sync.Mutex
 	// workers holds one goroutine per pod, by namespace/name: a pod's syncs never overlap, and a pod that
@@ -164,10 +170,16 @@ func (a *Agent) Run(ctx context.Context) error {
 		case <-time.After(2 * time.Second):
 		}
 	}
+	if err := a.checkVersionSkew(ctx); err != nil {
+		return err
+	}
+	stopKeyring := a.followGossipKeyring(ctx, keyringPollInterval) // stopped before the pool leaves
+	defer stopKeyring()
 	broadcaster := record.NewBroadcaster(record.WithContext(ctx))
 	defer broadcaster.Shutdown()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: a.client.CoreV1().Events("")})
 	a.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: a.cfg.Name})
+	var services informers.SharedInformerFactory
 	if a.cfg.Runtime == config.RuntimeContainerd {
 		// The lock that shows other agents on this host that this one's iptables rules are alive; then the
 		// rules of agents that died without cleaning up go (a stale masquerade chain would hijack pod traffic).
@@ -187,6 +199,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		defer rt.Close()
 		a.runtime = rt
+		// Every Service, for the pods' service links (env.go); listed before the first pod starts, below.
+		services = informers.NewSharedInformerFactory(a.client, 0)
+		rt.services = services.Core().V1().Services().Lister()
 	}
 	if err := a.registerNodes(ctx); err != nil {
 		return err
@@ -194,6 +209,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.logger.Info("nodes registered", "nodes", len(a.nodes), "runtime", a.runtime.Version())
 	if a.cfg.Runtime == config.RuntimeContainerd {
 		a.watchClusterFacts(ctx, 15*time.Second) // before the first pod's resolv.conf
+		services.Start(ctx.Done())
+		defer services.Shutdown()
+		if !cache.WaitForCacheSync(ctx.Done(), services.Core().V1().Services().Informer().HasSynced) {
+			return ctx.Err()
+		}
 	}
 
 	selector := fields.OneTermNotEqualSelector("spec.nodeName", "").String()
@@ -262,6 +282,11 @@ func (a *Agent) Run(ctx context.Context) error {
 			}()
 		}
 	}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		a.runLocalPath(ctx)
+	}()
 	if a.pool == nil {
 		go a.renewLeases(ctx)
 	}
@@ -626,4 +651,27 @@ func (a *Agent) runningContainers() []stats.Container {
 		}
 	}
 	return out
+}
+
+// ErrVersionSkew means this agent's version may not join the servers' (internal/version's policy).
+var ErrVersionSkew = errors.New("version skew")
+
+// checkVersionSkew asks a server for its version and refuses to go on when this agent's may not join it:
+// newer than the servers, or too far behind. A server too old to say its version is let be.
+func (a *Agent) checkVersionSkew(ctx context.Context) error {
+	data, err := a.client.CoreV1().RESTClient().Get().AbsPath(version.Path).DoRaw(ctx)
+	if apierrors.IsNotFound(err) {
+		a.logger.Warn("the server does not say its version; version skew not checked")
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("reading the servers' version: %w", err)
+	}
+	var info version.Info
+	if err := json.Unmarshal(data, &info); err != nil {
+		return fmt.Errorf("reading the servers' version: %w", err)
+	}
+	if err := version.CheckAgent(version.Version, info.Version); err != nil {
+		return fmt.Errorf("%w: %v", ErrVersionSkew, err)
+	}
+	return nil
 }

@@ -53,11 +53,15 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 	withIPs := pod.DeepCopy()
 	withIPs.Status.PodIP, withIPs.Status.HostIP = sb.ip, r.hostIP
 	withIPs.Status.PodIPs, withIPs.Status.HostIPs = []corev1.PodIP{{IP: sb.ip}}, []corev1.HostIP{{IP: r.hostIP}}
-	env, err := containerEnv(ctx, withIPs, c, r.objects, r.allocatable, masterServiceEnv(r.clusterDNS().ServiceCIDR))
+	services, err := serviceEnv(withIPs, r.clusterDNS().ServiceCIDR, r.services)
 	if err != nil {
 		return configError(err)
 	}
-	mounts, err := containerMounts(c, vols, env)
+	env, err := containerEnv(ctx, withIPs, c, r.objects, r.allocatable, services)
+	if err != nil {
+		return configError(err)
+	}
+	mounts, err := containerMounts(readOnlyClaimMounts(pod, c), vols, env)
 	if err != nil {
 		return configError(err)
 	}

@@ -85,7 +85,7 @@ func nodeAccess(ctx context.Context, cfg *config.Agent, node string, servers fun
 	// Every server's certificate names "kubernetes", whichever address the dialer reached.
 	base := &rest.Config{Host: "https://" + servers()[0], UserAgent: "skiff-agent/" + cfg.Name, QPS: 50, Burst: 100}
 	bootstrap := rest.CopyConfig(base)
-	bootstrap.BearerToken = join.BearerToken(node, cfg.Token)
+	bootstrap.BearerToken = join.BearerToken(node, joinSecret(cfg))
 	bootstrap.TLSClientConfig = rest.TLSClientConfig{CAData: caPEM, ServerName: "kubernetes"}
 	bootstrap.Dial = failover
 
@@ -132,7 +132,8 @@ func nodeAccess(ctx context.Context, cfg *config.Agent, node string, servers fun
 func failoverDialer(servers func() []string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	dialer := &net.Dialer{Timeout: 2 * time.Second}
 	return func(ctx context.Context, network, _ string) (net.Conn, error) {
-		var last error
+		// Never (nil, nil): connrotation would wrap the nil connection and panic on its first write.
+		last := errors.New("no server address known to dial")
 		for _, addr := range servers() {
 			conn, err := dialer.DialContext(ctx, network, addr)
 			if err == nil {
@@ -232,7 +233,7 @@ func fetchCA(ctx context.Context, cfg *config.Agent, servers func() []string) ([
 	for {
 		for _, server := range servers() {
 			ca, err := fetchCAFrom(ctx, client, server, cfg.Token)
-			if err == nil || errors.Is(err, join.ErrCAMismatch) {
+			if err == nil || errors.Is(err, join.ErrCAMismatch) || errors.Is(err, join.ErrCAHashMismatch) {
 				return ca, err
 			}
 		}
@@ -261,5 +262,18 @@ func fetchCAFrom(ctx context.Context, client *http.Client, server, token string)
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
 		return nil, fmt.Errorf("%s: %w", server, err)
 	}
-	return join.VerifyCA(token, body)
+	tok, err := join.ParseToken(token)
+	if err != nil {
+		return nil, err
+	}
+	return tok.Verify(body)
+}
+
+// joinSecret is the join token's secret, without the CA hash it may carry (config has checked its form).
+func joinSecret(cfg *config.Agent) string {
+	tok, err := join.ParseToken(cfg.Token)
+	if err != nil {
+		return cfg.Token
+	}
+	return tok.Secret
 }

@@ -121,3 +121,13 @@ func ptrTo[T any](v T) *T { return &v }
 type testWriter struct{ t *testing.T }
 
 func (w testWriter) Write(b []byte) (int, error) { w.t.Logf("%s", b); return len(b), nil }
+
+// TestFailoverDialerWithoutServers: with no server address known (an agent that gossip shows no server
+// alive, as in a partition), the dialer fails. It once returned no connection and no error, which
+// client-go's connrotation wrapped and then panicked on (chaos round seed 20261149).
+func TestFailoverDialerWithoutServers(t *testing.T) {
+	conn, err := failoverDialer(func() []string { return nil })(context.Background(), "tcp", "kubernetes:443")
+	if conn != nil || err == nil {
+		t.Fatalf("dial with no servers = %v, %v; want an error", conn, err)
+	}
+}

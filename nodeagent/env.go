@@ -3,7 +3,8 @@ package nodeagent
 import (
 	"context"
 	"fmt"
-	"net"
+	"maps"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -12,7 +13,12 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/api/validate/content"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	v1helper "k8s.io/kubernetes/pkg/apis/core/v1/helper"
 	"k8s.io/kubernetes/pkg/kubelet/envvars"
+
+	"github.com/skiff-dev/skiff/internal/servicecidr"
 )
 
 // containerEnv resolves a container's env and envFrom into "NAME=value" strings in Kubernetes' order and
@@ -29,10 +35,10 @@ import (
 // apierrors.IsNotFound holds (`configmap "x" not found`); a missing key is `couldn't find key k in ConfigMap
 // ns/x`. The kubelet turns both into the container's CreateContainerConfigError and retries.
 //
-// services are the service variables of the kubelet (KUBERNETES_SERVICE_HOST and the rest, by which
-// client-go's in-cluster config finds the API): the lowest precedence, defined last unless the container
-// defines them, and available to $(VAR) expansion. Only the kubernetes Service's are provided; those of the
-// pod's namespace's Services (enableServiceLinks) and fileKeyRef are not provided by this node.
+// services are the service variables of the kubelet (serviceEnv: KUBERNETES_SERVICE_HOST and the rest, by
+// which client-go's in-cluster config finds the API, and the links of the namespace's Services): the lowest
+// precedence, defined last unless the container defines them, and available to $(VAR) expansion. fileKeyRef
+// is not provided by this node.
 func containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container, get objectGetter, allocatable corev1.ResourceList, services []corev1.EnvVar) ([]string, error) {
 	get = newCachingGetter(get)
 	ns := pod.Namespace
@@ -98,21 +104,50 @@ func containerEnv(ctx context.Context, pod *corev1.Pod, c *corev1.Container, get
 	return env.list(), nil
 }
 
-// masterServiceEnv is the kubelet's variables for the kubernetes Service, from its ClusterIP (the first
-// address of the service CIDR) and port 443, as Kubernetes' own envvars package writes them; none when the
-// service CIDR is not known yet.
-func masterServiceEnv(serviceCIDR string) []corev1.EnvVar {
-	_, cidr, err := net.ParseCIDR(serviceCIDR)
-	if err != nil || cidr.IP.To4() == nil {
+// serviceEnv is the kubelet's service variables for pod (its getServiceEnvVarMap), as Kubernetes' envvars
+// package writes them (FOO_SERVICE_HOST, FOO_SERVICE_PORT, FOO_PORT_80_TCP...):
+//   - those of the kubernetes Service, always, whatever enableServiceLinks says (masterService; none while the
+//     service CIDR is not known);
+//   - unless pod.spec.enableServiceLinks is false, those of every Service of the pod's namespace, from
+//     services (nil lists none). A Service of the namespace named kubernetes wins over default/kubernetes, as
+//     in the kubelet.
+//
+// Only Services whose ClusterIP is set and not None count. Variables are in the order of the Services' names.
+func serviceEnv(pod *corev1.Pod, serviceCIDR string, services corelisters.ServiceLister) ([]corev1.EnvVar, error) {
+	byName := map[string]*corev1.Service{}
+	if master := masterService(serviceCIDR); master != nil {
+		byName[master.Name] = master
+	}
+	if services != nil && (pod.Spec.EnableServiceLinks == nil || *pod.Spec.EnableServiceLinks) {
+		list, err := services.Services(pod.Namespace).List(labels.Everything())
+		if err != nil {
+			return nil, fmt.Errorf("listing the services of namespace %s for the service links: %w", pod.Namespace, err)
+		}
+		for _, svc := range list {
+			// envvars.FromServices reads the first port; validation requires one of a ClusterIP Service.
+			if v1helper.IsServiceIPSet(svc) && len(svc.Spec.Ports) > 0 {
+				byName[svc.Name] = svc
+			}
+		}
+	}
+	list := make([]*corev1.Service, 0, len(byName))
+	for _, name := range slices.Sorted(maps.Keys(byName)) {
+		list = append(list, byName[name])
+	}
+	return envvars.FromServices(list), nil
+}
+
+// masterService is the kubernetes Service as the kubelet's variables see it: its ClusterIP (the first address
+// of the service CIDR) and port 443; nil when the service CIDR is not known yet.
+func masterService(serviceCIDR string) *corev1.Service {
+	ip, err := servicecidr.KubernetesServiceIP(serviceCIDR)
+	if err != nil {
 		return nil
 	}
-	ip := make(net.IP, 4)
-	copy(ip, cidr.IP.To4())
-	ip[3]++
-	return envvars.FromServices([]*corev1.Service{{
+	return &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Name: "kubernetes", Namespace: metav1.NamespaceDefault},
 		Spec:       corev1.ServiceSpec{ClusterIP: ip.String(), Ports: []corev1.ServicePort{{Name: "https", Port: 443, Protocol: corev1.ProtocolTCP}}},
-	}})
+	}
 }
 
 // envValueFrom is the value of an env var's valueFrom; ok is false for a missing optional key.

@@ -10,6 +10,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/tools/cache"
 )
 
 func TestEnvExpansion(t *testing.T) {
@@ -211,14 +214,18 @@ func TestContainerEnvFetchesEachObjectOnce(t *testing.T) {
 // Every container gets the kubelet's variables of the kubernetes Service, with the lowest precedence: its
 // own env wins, and $(VAR) sees them.
 func TestMasterServiceEnv(t *testing.T) {
-	if got := masterServiceEnv(""); got != nil {
-		t.Fatalf("no service CIDR: %v", got)
+	if got, err := serviceEnv(testPod(), "", nil); err != nil || got != nil {
+		t.Fatalf("no service CIDR: %v, %v", got, err)
 	}
 	c := &corev1.Container{Name: "c", Env: []corev1.EnvVar{
 		{Name: "API", Value: "https://$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"},
 		{Name: "KUBERNETES_SERVICE_PORT", Value: "8443"},
 	}}
-	got, err := containerEnv(context.Background(), testPod(), c, &fakeObjects{}, nil, masterServiceEnv("10.96.0.0/16"))
+	services, err := serviceEnv(testPod(), "10.96.0.0/16", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := containerEnv(context.Background(), testPod(), c, &fakeObjects{}, nil, services)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -236,4 +243,141 @@ func TestMasterServiceEnv(t *testing.T) {
 	if !slices.Equal(got, want) {
 		t.Errorf("env:\n got %q\nwant %q", got, want)
 	}
+}
+
+// TestServiceLinks checks the kubelet's enableServiceLinks: the Docker-link variables of every Service of the
+// pod's namespace that has a ClusterIP, unless the pod opts out; the kubernetes Service's always; and the
+// container's own variables win.
+func TestServiceLinks(t *testing.T) {
+	services := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	for _, svc := range []*corev1.Service{
+		testService("ns", "foo", "10.96.0.50", corev1.ServicePort{Port: 80}),
+		testService("ns", "my-db", "10.96.0.51", corev1.ServicePort{Name: "sql", Port: 5432}, corev1.ServicePort{Name: "dns", Port: 53, Protocol: corev1.ProtocolUDP}),
+		testService("ns", "headless", corev1.ClusterIPNone, corev1.ServicePort{Port: 80}),
+		testService("ns", "external", "", corev1.ServicePort{Port: 80}), // an ExternalName Service has no ClusterIP
+		testService("other", "bar", "10.96.0.60", corev1.ServicePort{Port: 80}),
+		testService("default", "kubernetes", "10.96.0.1", corev1.ServicePort{Name: "https", Port: 443}),
+		testService("default", "web", "10.96.0.70", corev1.ServicePort{Port: 8080}),
+		testService("shadow", "kubernetes", "10.96.0.80", corev1.ServicePort{Port: 6443}),
+		testService("headless-shadow", "kubernetes", corev1.ClusterIPNone, corev1.ServicePort{Port: 6443}),
+	} {
+		if err := services.Add(svc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	lister := corelisters.NewServiceLister(services)
+
+	kubernetes := []string{
+		"KUBERNETES_SERVICE_HOST=10.96.0.1",
+		"KUBERNETES_SERVICE_PORT=443",
+		"KUBERNETES_SERVICE_PORT_HTTPS=443",
+		"KUBERNETES_PORT=tcp://10.96.0.1:443",
+		"KUBERNETES_PORT_443_TCP=tcp://10.96.0.1:443",
+		"KUBERNETES_PORT_443_TCP_PROTO=tcp",
+		"KUBERNETES_PORT_443_TCP_PORT=443",
+		"KUBERNETES_PORT_443_TCP_ADDR=10.96.0.1",
+	}
+	foo := []string{
+		"FOO_SERVICE_HOST=10.96.0.50",
+		"FOO_SERVICE_PORT=80",
+		"FOO_PORT=tcp://10.96.0.50:80",
+		"FOO_PORT_80_TCP=tcp://10.96.0.50:80",
+		"FOO_PORT_80_TCP_PROTO=tcp",
+		"FOO_PORT_80_TCP_PORT=80",
+		"FOO_PORT_80_TCP_ADDR=10.96.0.50",
+	}
+	myDB := []string{
+		"MY_DB_SERVICE_HOST=10.96.0.51",
+		"MY_DB_SERVICE_PORT=5432",
+		"MY_DB_SERVICE_PORT_SQL=5432",
+		"MY_DB_SERVICE_PORT_DNS=53",
+		"MY_DB_PORT=tcp://10.96.0.51:5432",
+		"MY_DB_PORT_5432_TCP=tcp://10.96.0.51:5432",
+		"MY_DB_PORT_5432_TCP_PROTO=tcp",
+		"MY_DB_PORT_5432_TCP_PORT=5432",
+		"MY_DB_PORT_5432_TCP_ADDR=10.96.0.51",
+		"MY_DB_PORT_53_UDP=udp://10.96.0.51:53",
+		"MY_DB_PORT_53_UDP_PROTO=udp",
+		"MY_DB_PORT_53_UDP_PORT=53",
+		"MY_DB_PORT_53_UDP_ADDR=10.96.0.51",
+	}
+	web := []string{
+		"WEB_SERVICE_HOST=10.96.0.70",
+		"WEB_SERVICE_PORT=8080",
+		"WEB_PORT=tcp://10.96.0.70:8080",
+		"WEB_PORT_8080_TCP=tcp://10.96.0.70:8080",
+		"WEB_PORT_8080_TCP_PROTO=tcp",
+		"WEB_PORT_8080_TCP_PORT=8080",
+		"WEB_PORT_8080_TCP_ADDR=10.96.0.70",
+	}
+	shadow := []string{
+		"KUBERNETES_SERVICE_HOST=10.96.0.80",
+		"KUBERNETES_SERVICE_PORT=6443",
+		"KUBERNETES_PORT=tcp://10.96.0.80:6443",
+		"KUBERNETES_PORT_6443_TCP=tcp://10.96.0.80:6443",
+		"KUBERNETES_PORT_6443_TCP_PROTO=tcp",
+		"KUBERNETES_PORT_6443_TCP_PORT=6443",
+		"KUBERNETES_PORT_6443_TCP_ADDR=10.96.0.80",
+	}
+	cases := []struct {
+		name        string
+		namespace   string // "ns" unless set
+		links       *bool
+		serviceCIDR string // "10.96.0.0/16" unless set; "-" for not known yet
+		lister      corelisters.ServiceLister
+		env         []corev1.EnvVar
+		want        []string
+	}{
+		{name: "links by default", lister: lister, want: slices.Concat(foo, kubernetes, myDB)},
+		{name: "links asked for", links: ptr(true), lister: lister, want: slices.Concat(foo, kubernetes, myDB)},
+		{name: "links refused: the kubernetes Service only", links: ptr(false), lister: lister, want: kubernetes},
+		{name: "no Service lister: the kubernetes Service only", want: kubernetes},
+		{name: "a pod of default sees default's Services", namespace: "default", lister: lister, want: slices.Concat(kubernetes, web)},
+		{name: "a namespace's kubernetes Service wins", namespace: "shadow", lister: lister, want: shadow},
+		{name: "but not when links are refused", namespace: "shadow", links: ptr(false), lister: lister, want: kubernetes},
+		{name: "a headless kubernetes Service hides nothing", namespace: "headless-shadow", lister: lister, want: kubernetes},
+		{name: "a namespace without Services", namespace: "empty", lister: lister, want: kubernetes},
+		{name: "service CIDR not known yet", serviceCIDR: "-", lister: lister, want: slices.Concat(foo, myDB)},
+		{name: "the container's own variables win", lister: lister,
+			env: []corev1.EnvVar{
+				{Name: "FOO_SERVICE_HOST", Value: "foo.example"},
+				{Name: "URL", Value: "http://$(FOO_SERVICE_HOST):$(FOO_SERVICE_PORT)"},
+				{Name: "KUBERNETES_SERVICE_HOST", Value: "api.example"},
+			},
+			want: slices.Concat([]string{"FOO_SERVICE_HOST=foo.example", "URL=http://foo.example:80", "KUBERNETES_SERVICE_HOST=api.example"},
+				slices.Delete(slices.Clone(foo), 0, 1), slices.Delete(slices.Clone(kubernetes), 0, 1), myDB)},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			pod := testPod()
+			if tc.namespace != "" {
+				pod.Namespace = tc.namespace
+			}
+			pod.Spec.EnableServiceLinks = tc.links
+			cidr := tc.serviceCIDR
+			switch cidr {
+			case "":
+				cidr = "10.96.0.0/16"
+			case "-":
+				cidr = ""
+			}
+			services, err := serviceEnv(pod, cidr, tc.lister)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c := &corev1.Container{Name: "c", Env: tc.env}
+			got, err := containerEnv(context.Background(), pod, c, &fakeObjects{}, nil, services)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("env:\n got %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func testService(namespace, name, clusterIP string, ports ...corev1.ServicePort) *corev1.Service {
+	return &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: name},
+		Spec: corev1.ServiceSpec{ClusterIP: clusterIP, Ports: ports}}
 }

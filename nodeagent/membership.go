@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/gossip"
+	"github.com/skiff-dev/skiff/internal/version"
 )
 
 // joinPool joins the servers' gossip pool, when retry_join is set. Gossip is the agent's heartbeat: the leader
@@ -25,21 +27,25 @@ import (
 func (a *Agent) joinPool(ctx context.Context) (*gossip.Pool, error) {
 	boot := make([]byte, 8)
 	_, _ = rand.Read(boot)
-	meta := gossip.Meta{Role: gossip.RoleAgent, BootID: hex.EncodeToString(boot)}
+	meta := gossip.Meta{Role: gossip.RoleAgent, BootID: hex.EncodeToString(boot), Version: version.Version}
 	if names := a.nodeNames(); len(names) == 1 {
 		meta.Nodes = names
 	} else {
 		meta.NodePrefix, meta.NodeCount = a.cfg.Name, len(names)
 	}
 	// The members seen are remembered under the data dir, so a restart can rejoin through any of them.
-	var peersFile string
+	var peersFile, keyringFile string
 	if a.cfg.DataDir != "" {
 		peersFile = filepath.Join(a.cfg.DataDir, "gossip-peers.json")
+		keyringFile = filepath.Join(a.cfg.DataDir, gossip.KeyringFileName)
 	}
+	// Without `encrypt` the key is derived from the join token, as the servers derive it from the cluster
+	// token (by default the same secret); once keys were rotated, the keyring file holds them.
 	pool, err := gossip.New(gossip.Config{
 		Name: a.cfg.Name, BindAddr: a.cfg.BindAddr, BindPort: a.cfg.GossipPort, AdvertiseAddr: a.cfg.AdvertiseAddr,
 		Meta: meta, RetryJoin: a.cfg.RetryJoin, RetryInterval: a.cfg.RetryInterval, RetryMax: a.cfg.RetryMax,
-		EncryptKey: a.cfg.Encrypt, PeersFile: peersFile, Logger: a.logger,
+		EncryptKey: a.cfg.Encrypt, DefaultKey: gossip.KeyFromSecret(joinSecret(a.cfg)), KeyringFile: keyringFile,
+		PeersFile: peersFile, Logger: a.logger,
 	})
 	if err != nil {
 		return nil, err
@@ -63,14 +69,24 @@ func (a *Agent) serverAddrs() []string {
 	if a.pool == nil {
 		return addrs
 	}
-	seen := map[string]bool{}
-	for _, s := range addrs {
-		seen[s] = true
-	}
+	var announced []string
 	for _, m := range a.pool.Alive(gossip.RoleServer) {
-		if m.Meta.APIAddr != "" && !seen[m.Meta.APIAddr] {
-			seen[m.Meta.APIAddr] = true
-			addrs = append(addrs, m.Meta.APIAddr)
+		if m.Meta.APIAddr != "" {
+			announced = append(announced, m.Meta.APIAddr)
+		}
+	}
+	// With no server alive in gossip the API may still answer, and it is the only way back: keep trying the
+	// servers last announced rather than none.
+	a.announcedMu.Lock()
+	if len(announced) > 0 {
+		a.announced = announced
+	} else {
+		announced = a.announced
+	}
+	a.announcedMu.Unlock()
+	for _, s := range announced {
+		if !slices.Contains(addrs, s) {
+			addrs = append(addrs, s)
 		}
 	}
 	return addrs

@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"time"
 
@@ -90,13 +91,24 @@ func (r *simulatedRuntime) SyncPod(_ context.Context, pod *corev1.Pod) (*PodStat
 				ExitCode: 0, Reason: "Completed", StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(started)}},
 		})
 	}
+	exitCode, exits := simulatedExitCode(pod)
 	for _, c := range pod.Spec.Containers {
 		running := true
-		state.Containers = append(state.Containers, corev1.ContainerStatus{
+		status := corev1.ContainerStatus{
 			Name: c.Name, Image: c.Image, ImageID: "simulated://" + c.Image, Ready: true, Started: &running,
 			ContainerID: "simulated://" + string(pod.UID) + "/" + c.Name,
 			State:       corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(started)}},
-		})
+		}
+		if exits {
+			running = false
+			reason := "Completed"
+			if exitCode != 0 {
+				reason = "Error"
+			}
+			status.Ready, status.State = false, corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+				ExitCode: exitCode, Reason: reason, StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(started)}}
+		}
+		state.Containers = append(state.Containers, status)
 	}
 	// Ephemeral containers run from the sync that sees them; like the kubelet's, they are never ready.
 	for _, c := range pod.Spec.EphemeralContainers {
@@ -107,6 +119,23 @@ func (r *simulatedRuntime) SyncPod(_ context.Context, pod *corev1.Pod) (*PodStat
 		})
 	}
 	return state, nil
+}
+
+// SimulatedExitCodeAnnotation asks the simulated runtime to run a pod's containers to completion at once,
+// exiting with the annotation's code: the pods of a Job succeed (or fail) as soon as they start, for
+// benchmarks of the workload controllers. Pods with restartPolicy Always ignore it.
+const SimulatedExitCodeAnnotation = "simulated.skiff.dev/exit-code"
+
+func simulatedExitCode(pod *corev1.Pod) (int32, bool) {
+	v, ok := pod.Annotations[SimulatedExitCodeAnnotation]
+	if !ok || pod.Spec.RestartPolicy == corev1.RestartPolicyAlways || pod.Spec.RestartPolicy == "" {
+		return 0, false
+	}
+	code, err := strconv.ParseInt(v, 10, 32)
+	if err != nil {
+		return 0, false
+	}
+	return int32(code), true
 }
 
 func (r *simulatedRuntime) Cleanup(context.Context, func(types.UID) bool) error { return nil }

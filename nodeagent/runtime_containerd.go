@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/skiff-dev/skiff/config"
@@ -72,7 +73,8 @@ type containerdRuntime struct {
 	resync      func(pod *corev1.Pod, after time.Duration)
 	allocatable corev1.ResourceList
 	podCIDR     string
-	dnsFacts    func() clusterDNS // the cluster DNS for pods' resolv.conf (nil: not known)
+	dnsFacts    func() clusterDNS         // the cluster DNS for pods' resolv.conf (nil: not known)
+	services    corelisters.ServiceLister // every Service, for the pods' service links (nil: none)
 
 	probes       *probeManager
 	crashBackoff *restartBackoff

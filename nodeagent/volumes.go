@@ -21,6 +21,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // objectGetter fetches the ConfigMaps and Secrets that volumes and env refer to. A missing object is
@@ -133,7 +134,8 @@ func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objec
 	if err := os.MkdirAll(root, 0o750); err != nil {
 		return nil, err
 	}
-	s := &volumeSetup{ctx: ctx, pod: pod, root: root, get: newCachingGetter(get), tokens: tokenRequesterOf(get)}
+	claims, _ := get.(claimResolver)
+	s := &volumeSetup{ctx: ctx, pod: pod, root: root, get: newCachingGetter(get), tokens: tokenRequesterOf(get), claims: claims}
 	vols := podVolumes{}
 	var errs []error
 	for i := range pod.Spec.Volumes {
@@ -169,7 +171,7 @@ func checkVolumeSupported(i int, v *corev1.Volume) error {
 				return fmt.Errorf("spec.volumes[%d].hostPath.type: %s is an invalid volume type", i, *t)
 			}
 		}
-	case src.ConfigMap != nil, src.Secret != nil:
+	case src.ConfigMap != nil, src.Secret != nil, src.PersistentVolumeClaim != nil:
 	case src.DownwardAPI != nil:
 		for j, item := range src.DownwardAPI.Items {
 			if item.ResourceFieldRef != nil && item.ResourceFieldRef.ContainerName == "" {
@@ -224,6 +226,7 @@ type volumeSetup struct {
 	root   string
 	get    objectGetter
 	tokens tokenRequester      // nil when the getter cannot request service account tokens
+	claims claimResolver       // nil when the getter cannot read claims and their volumes
 	alloc  corev1.ResourceList // the host's capacity, read when first needed
 }
 
@@ -271,6 +274,8 @@ func (s *volumeSetup) setup(v *corev1.Volume) (string, error) {
 	switch {
 	case src.HostPath != nil:
 		return src.HostPath.Path, checkHostPath(src.HostPath)
+	case src.PersistentVolumeClaim != nil:
+		return s.setupClaim(src.PersistentVolumeClaim.ClaimName)
 	case src.EmptyDir != nil:
 		return s.setupEmptyDir(v.Name, src.EmptyDir)
 	case src.ConfigMap != nil:
@@ -322,6 +327,75 @@ func (s *volumeSetup) setup(v *corev1.Volume) (string, error) {
 		return s.writeVolume(pluginProjected, v.Name, true, payload)
 	}
 	return "", fmt.Errorf("volume %q has no supported source", v.Name) // checkVolumeSupported ran first
+}
+
+// claimResolver finds the PersistentVolume a pod's claim is bound to.
+type claimResolver interface {
+	ClaimVolume(ctx context.Context, namespace, claim string) (*corev1.PersistentVolume, error)
+}
+
+// ClaimVolume reads a claim and the volume it is bound to; the Node authorizer lets a node read both once a
+// pod bound to it names the claim. A claim not yet bound is an error the pod's sync retries.
+func (o apiObjects) ClaimVolume(ctx context.Context, namespace, name string) (*corev1.PersistentVolume, error) {
+	claim, err := o.client.CoreV1().PersistentVolumeClaims(namespace).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if claim.Spec.VolumeName == "" || claim.Status.Phase != corev1.ClaimBound {
+		return nil, fmt.Errorf("persistentvolumeclaim %q is not bound yet (phase %s)", name, claim.Status.Phase)
+	}
+	pv, err := o.client.CoreV1().PersistentVolumes().Get(ctx, claim.Spec.VolumeName, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	if ref := pv.Spec.ClaimRef; ref == nil || ref.UID != claim.UID {
+		return nil, fmt.Errorf("persistentvolume %q is not bound to claim %q", pv.Name, name)
+	}
+	return pv, nil
+}
+
+// setupClaim is the host directory of the volume a claim is bound to: a local or hostPath volume (what
+// Skiff's local-path class provisions, or an operator creates by hand). The directory is bind-mounted as it
+// is, so its data outlives the pod.
+func (s *volumeSetup) setupClaim(claim string) (string, error) {
+	if s.claims == nil {
+		return "", notSupported("this node cannot read persistent volume claims")
+	}
+	pv, err := s.claims.ClaimVolume(s.ctx, s.pod.Namespace, claim)
+	if err != nil {
+		return "", err
+	}
+	switch src := pv.Spec.PersistentVolumeSource; {
+	case src.Local != nil:
+		if _, err := os.Stat(src.Local.Path); err != nil {
+			return "", fmt.Errorf("local volume %q: %w", pv.Name, err)
+		}
+		return src.Local.Path, nil
+	case src.HostPath != nil:
+		return src.HostPath.Path, checkHostPath(src.HostPath)
+	}
+	return "", notSupported("persistentvolume %q: only local and hostPath volumes are supported by this node", pv.Name)
+}
+
+// readOnlyClaimMounts is the container with its mounts of read-only claims (persistentVolumeClaim.readOnly)
+// made read-only, as the kubelet mounts them.
+func readOnlyClaimMounts(pod *corev1.Pod, c *corev1.Container) *corev1.Container {
+	readOnly := map[string]bool{}
+	for _, v := range pod.Spec.Volumes {
+		if v.PersistentVolumeClaim != nil && v.PersistentVolumeClaim.ReadOnly {
+			readOnly[v.Name] = true
+		}
+	}
+	if len(readOnly) == 0 {
+		return c
+	}
+	c = c.DeepCopy()
+	for i := range c.VolumeMounts {
+		if readOnly[c.VolumeMounts[i].Name] {
+			c.VolumeMounts[i].ReadOnly = true
+		}
+	}
+	return c
 }
 
 // checkHostPath makes and checks a hostPath as its type says, as the kubelet does.

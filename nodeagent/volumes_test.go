@@ -566,8 +566,8 @@ func TestSetupVolumesUnsupported(t *testing.T) {
 		src     corev1.VolumeSource
 		wantErr string
 	}{
-		{"pvc", corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: "data"}},
-			"spec.volumes[2]: persistentVolumeClaim volumes are not supported by this node"},
+		{"csi", corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: "example.com/disk"}},
+			"spec.volumes[2]: csi volumes are not supported by this node"},
 		{"nfs", corev1.VolumeSource{NFS: &corev1.NFSVolumeSource{Server: "s", Path: "/"}},
 			"spec.volumes[2]: nfs volumes are not supported by this node"},
 		{"hugepages", corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumHugePages}},

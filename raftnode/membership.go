@@ -1,6 +1,7 @@
 package raftnode
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -52,6 +53,21 @@ func (n *Node) AddVoter(id, addr string) error {
 		}
 	}
 	return mapLeaderErr(n.raft.AddVoter(raft.ServerID(id), raft.ServerAddress(addr), 0, n.cfg.ApplyTimeout).Error())
+}
+
+// AddNonvoter adds a server that receives the log but does not vote, or updates its address; a voter stays
+// one. It must run on the leader.
+func (n *Node) AddNonvoter(id, addr string) error {
+	servers, err := n.Servers()
+	if err != nil {
+		return err
+	}
+	for _, s := range servers {
+		if s.ID == id && s.Address == addr {
+			return nil
+		}
+	}
+	return mapLeaderErr(n.raft.AddNonvoter(raft.ServerID(id), raft.ServerAddress(addr), 0, n.cfg.ApplyTimeout).Error())
 }
 
 // RemoveServer removes a server from the configuration. It must run on the leader.
@@ -112,7 +128,13 @@ func mapLeaderErr(err error) error {
 
 func (n *Node) status() StatusReply {
 	leader, _ := n.Leader()
-	r := StatusReply{ID: n.cfg.ID, LeaderID: leader, HasState: n.HasState(), LastIndex: n.raft.LastIndex()}
+	r := StatusReply{ID: n.cfg.ID, LeaderID: leader, HasState: n.HasState(), LastIndex: n.raft.LastIndex(), AppliedIndex: n.store.AppliedIndex()}
+	if !n.IsLeader() {
+		r.SinceLeaderContact = -1
+		if last := n.raft.LastContact(); !last.IsZero() {
+			r.SinceLeaderContact = time.Since(last)
+		}
+	}
 	if servers, err := n.Servers(); err == nil {
 		for _, s := range servers {
 			r.Servers = append(r.Servers, s.ID)
@@ -234,8 +256,20 @@ func (n *Node) RestoreSnapshot(ctx context.Context, path string) (fsm.SnapshotIn
 	if _, err := f.Seek(0, io.SeekStart); err != nil {
 		return info, err
 	}
-	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Size: info.Bytes}
-	if err := n.raft.Restore(meta, f, n.cfg.ApplyTimeout); err != nil {
+	var restore io.Reader = f
+	size := info.Bytes
+	if last := n.raft.LastIndex(); info.Revision >= int64(last) || info.Applied >= last {
+		// A snapshot of another cluster (a disaster restore into new servers), further along its log than
+		// this one: its revisions come down below this log's index, as fsm.RebaseSnapshot explains.
+		var rebased bytes.Buffer
+		if _, err := fsm.RebaseSnapshot(f, &rebased, int64(last)); err != nil {
+			return info, err
+		}
+		n.logger.Info("restoring a snapshot ahead of this cluster's log: its revisions are rebased", "snapshot_revision", info.Revision, "log_index", last)
+		restore, size = &rebased, int64(rebased.Len())
+	}
+	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Size: size}
+	if err := n.raft.Restore(meta, restore, n.cfg.ApplyTimeout); err != nil {
 		return info, mapLeaderErr(err)
 	}
 	_, err = n.Apply(ctx, &fsm.Command{Type: fsm.CmdNoop})

@@ -9,6 +9,7 @@ import (
 	"net/rpc"
 	"os"
 	"path/filepath"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -360,6 +361,11 @@ func (n *Node) applyLocal(ctx context.Context, data []byte) (fsm.Result, error) 
 	if dl, ok := ctx.Deadline(); ok {
 		timeout = time.Until(dl)
 	}
+	select {
+	case <-n.shutdown:
+		return fsm.Result{}, ErrShutdown // not proposed
+	default:
+	}
 	f := n.raft.Apply(data, timeout)
 	if err := n.await(ctx, f); err != nil {
 		switch {
@@ -370,8 +376,10 @@ func (n *Node) applyLocal(ctx context.Context, data []byte) (fsm.Result, error) 
 			return fsm.Result{}, ErrNotLeader
 		case errors.Is(err, raft.ErrNotLeader):
 			return fsm.Result{}, ErrNotLeader
-		case errors.Is(err, raft.ErrRaftShutdown):
-			return fsm.Result{}, ErrShutdown
+		case errors.Is(err, raft.ErrRaftShutdown), errors.Is(err, ErrShutdown):
+			// The entry may be in the log already (a future ends with ErrRaftShutdown whenever Raft shuts
+			// down while it waits), so a retry could apply it twice.
+			return fsm.Result{}, fmt.Errorf("%w (this server shut down while the write was in flight)", ErrUnknownOutcome)
 		case errors.Is(err, raft.ErrEnqueueTimeout):
 			return fsm.Result{}, ErrNoLeader
 		default: // ErrLeadershipLost and anything else: the entry may or may not commit.
@@ -391,7 +399,9 @@ func (n *Node) forwardApply(ctx context.Context, leaderAddr string, data []byte)
 	if err := n.pool.call(ctx, leaderAddr, "Skiff.Apply", ApplyArgs{Command: data}, &reply); err != nil {
 		var de *dialError
 		switch {
-		case errors.As(err, &de), errors.Is(err, ErrNotLeader), errors.Is(err, ErrNoLeader):
+		case errors.Is(err, ErrUnknownOutcome):
+			return fsm.Result{}, err
+		case errors.As(err, &de), errors.Is(err, ErrNotLeader), errors.Is(err, ErrNoLeader), errors.Is(err, ErrShutdown):
 			return fsm.Result{}, ErrNotLeader // not proposed: safe to retry against the next leader
 		case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 			return fsm.Result{}, fmt.Errorf("%w (%v)", ErrUnknownOutcome, err)
@@ -736,7 +746,9 @@ func (s *raftSnapshot) Release() {}
 // Stats returns a few numbers about the peer, for tests and diagnostics.
 func (n *Node) Stats() map[string]uint64 {
 	first, _ := n.logs.FirstIndex()
+	term, _ := strconv.ParseUint(n.raft.Stats()["term"], 10, 64)
 	return map[string]uint64{
+		"term":              term,
 		"first_log_index":   first,
 		"last_log_index":    n.raft.LastIndex(),
 		"commit_index":      n.raft.CommitIndex(),

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/rpc"
+	"strings"
 	"sync"
 	"time"
 
@@ -43,6 +44,11 @@ type StatusReply struct {
 	HasState bool
 	// LastIndex is the index of the peer's last Raft log entry (or snapshot); zero from peers that predate it.
 	LastIndex uint64
+	// AppliedIndex is the last index the peer's state machine applied.
+	AppliedIndex uint64
+	// SinceLeaderContact is how long ago a follower last heard from the leader; zero on the leader, and -1
+	// when the follower never has.
+	SinceLeaderContact time.Duration
 }
 
 // SnapshotPastArgs asks the leader for a snapshot whose last index is past Index: a follower whose log
@@ -125,8 +131,12 @@ func fromWire(err error) error {
 		return err
 	}
 	for _, known := range wireErrors {
-		if string(se) == known.Error() {
+		switch {
+		case string(se) == known.Error():
 			return known
+		case strings.HasPrefix(string(se), known.Error()+" "):
+			// A sentinel with the leader's detail, such as an unknown outcome and its cause.
+			return fmt.Errorf("%w (leader:%s)", known, strings.TrimPrefix(string(se), known.Error()))
 		}
 	}
 	return fmt.Errorf("leader: %s", string(se))
@@ -189,18 +199,26 @@ func (p *rpcPool) call(ctx context.Context, addr, method string, args, reply any
 			return err
 		}
 		call := c.Go(method, args, reply, make(chan *rpc.Call, 1))
+		// net/rpc ends a call with ErrShutdown both when it refuses to send it (at once, inside Go) and when
+		// the connection closes while the call waits for its answer: only the first is safe to send again.
+		endedInGo := false
 		select {
 		case <-call.Done:
-			if call.Error == rpc.ErrShutdown || isConnError(call.Error) {
-				p.drop(addr, c)
+			endedInGo = true
+		default:
+			select {
+			case <-call.Done:
+			case <-ctx.Done():
+				return ctx.Err()
 			}
-			if call.Error == rpc.ErrShutdown && attempt == 0 {
-				continue
-			}
-			return fromWire(call.Error)
-		case <-ctx.Done():
-			return ctx.Err()
 		}
+		if call.Error == rpc.ErrShutdown || isConnError(call.Error) {
+			p.drop(addr, c)
+		}
+		if endedInGo && call.Error == rpc.ErrShutdown && attempt == 0 {
+			continue
+		}
+		return fromWire(call.Error)
 	}
 }
 

@@ -1,8 +1,10 @@
 package raftnode
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -73,6 +75,10 @@ func (m *mux) route(conn net.Conn) {
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	var b [1]byte
 	if _, err := conn.Read(b[:]); err != nil {
+		// With TLS the handshake runs in this read: a client without a server certificate ends here.
+		if _, isTLS := conn.(*tls.Conn); isTLS && !errors.Is(err, io.EOF) {
+			m.logger.Warn("refused a connection on the raft port", "remote", conn.RemoteAddr(), "error", err)
+		}
 		conn.Close()
 		return
 	}

@@ -112,7 +112,9 @@ type CycleState struct {
 	// NodeCount and ImageNodes (how many nodes hold each image) describe the whole cluster.
 	NodeCount  int
 	ImageNodes map[string]int
-	allNodes   []*NodeInfo
+	// Claims reads persistent volume claims, volumes and classes; nil where none are served (tests).
+	Claims   ClaimSource
+	allNodes []*NodeInfo
 	// podIndex finds the pods a selector may match (the cache's label index); nil when the nodes are
 	// what-if copies (preemption), and plugins look at every pod of allNodes instead.
 	podIndex  podIndex

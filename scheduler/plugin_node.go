@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/sets"
 	corev1helpers "k8s.io/component-helpers/scheduling/corev1"
 	"k8s.io/component-helpers/scheduling/corev1/nodeaffinity"
 	"k8s.io/klog/v2"
@@ -118,9 +120,40 @@ func (p nodeAffinity) PreFilter(_ context.Context, state *CycleState, pod *corev
 func (p nodeAffinity) Filter(_ context.Context, state *CycleState, _ *corev1.Pod, n *NodeInfo) *Status {
 	s := state.Read(p.Name()).(*nodeAffinityState)
 	if ok, err := s.required.Match(n.Node); !ok || err != nil {
-		return NewStatus(UnschedulableAndUnresolvable, "node(s) didn't match Pod's node affinity/selector")
+		return NewStatus(UnschedulableAndUnresolvable, nodeAffinityMismatch)
 	}
 	return nil
+}
+
+const nodeAffinityMismatch = "node(s) didn't match Pod's node affinity/selector"
+
+// pinnedNodeNames returns the only nodes a pod's required node affinity admits when every term names them
+// with matchFields metadata.name In (as the DaemonSet controller pins its pods), or nil when the affinity
+// admits nodes by anything else. The scheduler filters such a pod on those nodes alone, as Kubernetes'
+// NodeAffinity PreFilter narrows the node list: the filters still run on them.
+func pinnedNodeNames(pod *corev1.Pod) []string {
+	a := pod.Spec.Affinity
+	if a == nil || a.NodeAffinity == nil || a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution == nil {
+		return nil
+	}
+	union := sets.New[string]()
+	for _, term := range a.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms {
+		var names sets.Set[string] // requirements of a term are ANDed
+		for _, r := range term.MatchFields {
+			if r.Key == metav1.ObjectNameField && r.Operator == corev1.NodeSelectorOpIn {
+				if names == nil {
+					names = sets.New(r.Values...)
+				} else {
+					names = names.Intersection(sets.New(r.Values...))
+				}
+			}
+		}
+		if names == nil {
+			return nil // terms are ORed: this one may admit any node
+		}
+		union = union.Union(names)
+	}
+	return sets.List(union)
 }
 
 func (p nodeAffinity) Score(_ context.Context, state *CycleState, _ *corev1.Pod, n *NodeInfo) (int64, *Status) {

@@ -57,6 +57,7 @@ type Scheduler struct {
 
 	namespaces      corelisters.NamespaceLister
 	priorityClasses schedulinglisters.PriorityClassLister
+	claims          ClaimSource // nil until Run starts the informers
 
 	nominated *nominator
 	nextStart int // where the next search for feasible nodes begins, so that nodes take turns
@@ -67,7 +68,7 @@ type Scheduler struct {
 // The plugins, in the order they run. Weights are Kubernetes' defaults.
 var (
 	filterPlugins = []FilterPlugin{
-		nodeUnschedulable{}, nodeName{}, taintToleration{}, nodeAffinity{},
+		nodeUnschedulable{}, nodeName{}, taintToleration{}, nodeAffinity{}, volumeBinding{},
 		nodeResourcesFit{}, nodePorts{}, interPodAffinity{}, podTopologySpread{},
 	}
 	scorePlugins = []weightedScorer{
@@ -153,6 +154,19 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		},
 	}); err != nil {
 		return err
+	}
+	// A claim bound, a volume made or a class created may let a waiting pod with claims in.
+	s.claims = informerClaims{factory.Core().V1().PersistentVolumeClaims().Lister(),
+		factory.Core().V1().PersistentVolumes().Lister(), factory.Storage().V1().StorageClasses().Lister()}
+	retry := cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(any) { s.queue.MoveAll() },
+		UpdateFunc: func(_, _ any) { s.queue.MoveAll() },
+	}
+	for _, inf := range []cache.SharedIndexInformer{factory.Core().V1().PersistentVolumeClaims().Informer(),
+		factory.Core().V1().PersistentVolumes().Informer(), factory.Storage().V1().StorageClasses().Informer()} {
+		if _, err := inf.AddEventHandler(retry); err != nil {
+			return err
+		}
 	}
 	factory.Core().V1().Namespaces().Informer()
 	factory.Scheduling().V1().PriorityClasses().Informer()
@@ -315,6 +329,9 @@ func (s *Scheduler) decide(ctx context.Context, info *PodInfo, snap *Snapshot) (
 	nodes := snap.Nodes
 	state := NewCycleState(info, s.namespaceLabels)
 	state.NodeCount, state.ImageNodes, state.allNodes, state.podIndex = len(nodes), snap.ImageNodes, nodes, snap
+	if s.claims != nil {
+		state.Claims = s.claims
+	}
 	state.nominated = s.nominated.ahead(pod, s.podPriority(pod), s.podPriority)
 	fitErr := &FitError{NumNodes: len(nodes), Reasons: map[string]int{}, Statuses: map[string]*Status{}}
 	if len(nodes) == 0 {
@@ -335,6 +352,21 @@ func (s *Scheduler) decide(ctx context.Context, info *PodInfo, snap *Snapshot) (
 	if nominated := pod.Status.NominatedNodeName; nominated != "" {
 		if n := snap.Node(nominated); n != nil && s.filterWithNominated(ctx, state, pod, n).IsSuccess() {
 			return nominated, nil
+		}
+	}
+	// A pod pinned to named nodes (a daemon pod) is filtered on those alone; the others fail node affinity.
+	if names := pinnedNodeNames(pod); names != nil {
+		var pinned []*NodeInfo
+		for _, name := range names {
+			if n := snap.Node(name); n != nil {
+				pinned = append(pinned, n)
+			}
+		}
+		if skipped := len(nodes) - len(pinned); skipped > 0 {
+			fitErr.Reasons[nodeAffinityMismatch] += skipped
+		}
+		if nodes = pinned; len(nodes) == 0 {
+			return "", fitErr
 		}
 	}
 	feasible := s.findFeasible(ctx, state, pod, nodes, fitErr)
@@ -439,6 +471,13 @@ func (s *Scheduler) selectHost(scores []NodeScore) string {
 // requeues the pod with backoff.
 func (s *Scheduler) bind(ctx context.Context, qp *queuedPod, info *PodInfo, host string) {
 	pod := info.Pod
+	if err := s.annotateSelectedNode(ctx, pod, host); err != nil {
+		s.cache.Forget(pod.UID)
+		s.logger.Warn("selecting the node of the pod's volumes failed", "pod", qp.key, "node", host, "error", err)
+		s.recorder.Eventf(pod, corev1.EventTypeWarning, "FailedScheduling", "Selecting node %s for the pod's volumes: %v", host, err)
+		s.queue.Backoff(qp)
+		return
+	}
 	binding := &corev1.Binding{
 		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID},
 		Target:     corev1.ObjectReference{Kind: "Node", Name: host},

@@ -98,47 +98,6 @@ func (s *Server) checkNoExistingCluster(ctx context.Context, plan []raftnode.Ser
 	return nil
 }
 
-// addJoinedServers is a leader service: every alive server in gossip that is not a voter yet is added.
-// Raft addresses come from gossip metadata, so a server that moved is updated.
-func (s *Server) addJoinedServers(ctx context.Context) {
-	events, cancel := s.pool.Subscribe()
-	defer func() { cancel() }()
-	tick := time.NewTicker(2 * time.Second)
-	defer tick.Stop()
-	for {
-		servers, err := s.node.Servers()
-		if err == nil {
-			known := map[string]string{}
-			for _, sv := range servers {
-				if sv.Voter {
-					known[sv.ID] = sv.Address
-				}
-			}
-			for _, m := range s.pool.Alive(gossip.RoleServer) {
-				if addr, ok := known[m.Name]; ok && addr == m.Meta.RaftAddr {
-					continue
-				}
-				if m.Meta.RaftAddr == "" || s.removedRun(m) {
-					continue
-				}
-				s.logger.Info("adding server as voter", "server", m.Name, "address", m.Meta.RaftAddr)
-				if err := s.node.AddVoter(m.Name, m.Meta.RaftAddr); err != nil && ctx.Err() == nil {
-					s.logger.Warn("adding voter failed", "server", m.Name, "error", err)
-				}
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case _, ok := <-events:
-			if !ok { // cut off: resubscribe, the loop rereads the table anyway
-				events, cancel = s.pool.Subscribe()
-			}
-		case <-tick.C:
-		}
-	}
-}
-
 // removedPrefix holds one key per server an operator removed, whose value is the boot ID of the run that
 // was removed. That run is not re-added while it lingers in gossip; a restart (new boot ID) joins again.
 const removedPrefix = "/skiff/raft/removed/"

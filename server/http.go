@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -23,6 +25,7 @@ import (
 
 	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/internal/join"
+	"github.com/skiff-dev/skiff/internal/version"
 	"github.com/skiff-dev/skiff/raftnode"
 )
 
@@ -46,6 +49,7 @@ type MemberInfo struct {
 	// Nodes are the Nodes an agent hosts: their names, or for many a range such as "sim-0..sim-4999".
 	Nodes     []string `json:"nodes,omitempty"`
 	NodeCount int      `json:"nodeCount,omitempty"`
+	Version   string   `json:"version,omitempty"`
 }
 
 // RaftState is the answer of GET /v1/operator/raft/state: this server's applied Raft index and the digest of
@@ -56,6 +60,8 @@ type RaftState struct {
 	AppliedIndex uint64 `json:"appliedIndex"`
 	StateHash    string `json:"stateHash"`
 	Goroutines   int    `json:"goroutines"`
+	// Log is the peer's log indexes (first, last, commit, applied) and snapshot installs, for diagnostics.
+	Log map[string]uint64 `json:"log"`
 }
 
 // forwardedHeader marks a request a follower proxied to the leader, so it is never proxied twice.
@@ -68,8 +74,14 @@ func (s *Server) bootstrapRoutes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /livez", s.livez)
 	mux.HandleFunc("GET /readyz", s.readyz)
+	mux.HandleFunc("GET "+join.ServerCAPath, s.serverCAHandler)
+	mux.HandleFunc("POST "+join.ServerJoinPath, s.serverJoinHandler)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "this server is starting: the API is not served yet")
+		msg := "this server is starting: the API is not served yet"
+		if why, _ := s.apiBlocked.Load().(string); why != "" {
+			msg += ": " + why
+		}
+		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", msg)
 	})
 	return mux
 }
@@ -89,6 +101,17 @@ func (s *Server) operatorRoutes() http.Handler {
 		{"GET /v1/operator/snapshot", false, s.saveSnapshot},
 		{"PUT /v1/operator/snapshot", true, s.restoreSnapshot},
 		{"GET /v1/operator/members", false, s.listMembers},
+		{"GET /v1/operator/health", true, s.health},
+		{"GET /v1/operator/gossip/keyring", false, s.listGossipKeyring},
+		{"POST /v1/operator/gossip/keyring/install", true, s.changeGossipKeyring(installKey)},
+		{"POST /v1/operator/gossip/keyring/use", true, s.changeGossipKeyring(useKey)},
+		{"POST /v1/operator/gossip/keyring/remove", true, s.changeGossipKeyring(removeKey)},
+		{"POST /v1/operator/join-token/rotate", false, s.rotateJoinToken},
+		{"GET /v1/operator/debug/logs", false, s.debugLogs},
+		{"GET " + encryptionPath, false, s.encryptionReport},
+		{"GET " + encryptionPath + "/local", false, s.localEncryptionStatus},
+		{"PUT " + encryptionPath + "/config", false, s.putEncryptionConfig},
+		{"POST " + encryptionPath + "/rotate", true, s.rotateEncryption},
 	} {
 		h := r.handler
 		if r.leaderOnly {
@@ -154,11 +177,11 @@ func writeJSON(w http.ResponseWriter, v any) {
 // writeError maps errors of the Raft layer to HTTP.
 func writeError(w http.ResponseWriter, err error) {
 	switch {
-	case errors.Is(err, raftnode.ErrNoLeader), errors.Is(err, raftnode.ErrNotLeader), errors.Is(err, raftnode.ErrShutdown):
-		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", err.Error())
 	case errors.Is(err, raftnode.ErrUnknownOutcome):
 		writeStatus(w, http.StatusGatewayTimeout, "Timeout", err.Error())
-	case errors.Is(err, fsm.ErrCorruptSnapshot):
+	case errors.Is(err, raftnode.ErrNoLeader), errors.Is(err, raftnode.ErrNotLeader), errors.Is(err, raftnode.ErrShutdown):
+		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", err.Error())
+	case errors.Is(err, fsm.ErrCorruptSnapshot), errors.Is(err, fsm.ErrNewerSnapshot):
 		writeStatus(w, http.StatusBadRequest, "BadRequest", err.Error())
 	default:
 		writeStatus(w, http.StatusInternalServerError, "InternalError", err.Error())
@@ -237,7 +260,7 @@ func (s *Server) listPeers(w http.ResponseWriter, r *http.Request) {
 // the servers with one another.
 func (s *Server) raftState(w http.ResponseWriter, r *http.Request) {
 	applied, hash := s.node.Store().StateHash()
-	writeJSON(w, RaftState{Name: s.cfg.Name, AppliedIndex: applied, StateHash: hash, Goroutines: runtime.NumGoroutine()})
+	writeJSON(w, RaftState{Name: s.cfg.Name, AppliedIndex: applied, StateHash: hash, Goroutines: runtime.NumGoroutine(), Log: s.node.Stats()})
 }
 
 func (s *Server) removePeer(w http.ResponseWriter, r *http.Request) {
@@ -301,19 +324,44 @@ func (s *Server) restoreSnapshot(w http.ResponseWriter, r *http.Request) {
 		writeStatus(w, http.StatusBadRequest, "BadRequest", "reading snapshot upload: "+err.Error())
 		return
 	}
+	identity := s.clusterIdentity()
 	info, err := s.node.RestoreSnapshot(r.Context(), tmp.Name())
 	if err != nil {
 		writeError(w, err)
 		return
 	}
-	s.logger.Info("restored snapshot", "revision", info.Revision, "keys", info.Keys)
-	writeJSON(w, info)
+	res := RestoreResult{SnapshotInfo: info, IdentityChanged: s.clusterIdentity() != identity}
+	s.logger.Info("restored snapshot", "revision", info.Revision, "keys", info.Keys, "identity_changed", res.IdentityChanged)
+	writeJSON(w, res)
+}
+
+// RestoreResult is the answer to a snapshot restore.
+type RestoreResult struct {
+	fsm.SnapshotInfo
+	// IdentityChanged says the snapshot holds another cluster CA, admin or join token, or service account key
+	// than the cluster had (a disaster restore into new servers): the servers take them at their next start.
+	IdentityChanged bool `json:"identityChanged,omitempty"`
+}
+
+// clusterIdentity is a digest of the stored keys that make the cluster who it is to its clients: the CA, the
+// tokens and the service account signing key.
+func (s *Server) clusterIdentity() string {
+	h := sha256.New()
+	for _, key := range []string{clusterCAKey, adminTokenKey, joinTokenKey, serviceAccountKeyKey} {
+		plain, _, err := s.openSecret(key)
+		if err != nil && !errors.Is(err, fsm.ErrNotFound) {
+			plain = []byte(err.Error()) // unreadable with this cluster's keys: not this cluster's
+		}
+		h.Write(plain)
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
 }
 
 func (s *Server) listMembers(w http.ResponseWriter, r *http.Request) {
 	out := []MemberInfo{}
 	for _, m := range s.pool.Members() {
-		info := MemberInfo{Name: m.Name, Address: m.Addr, Status: string(m.Status), Role: m.Meta.Role, Raft: m.Meta.RaftAddr, API: m.Meta.APIAddr,
+		info := MemberInfo{Name: m.Name, Address: m.Addr, Status: string(m.Status), Role: m.Meta.Role, Raft: m.Meta.RaftAddr, API: m.Meta.APIAddr, Version: m.Meta.Version,
 			Nodes: m.Meta.Nodes, NodeCount: len(m.Meta.Nodes) + m.Meta.NodeCount}
 		if m.Meta.NodeCount > 0 {
 			info.Nodes = append(info.Nodes, fmt.Sprintf("%s-0..%s-%d", m.Meta.NodePrefix, m.Meta.NodePrefix, m.Meta.NodeCount-1))
@@ -321,4 +369,32 @@ func (s *Server) listMembers(w http.ResponseWriter, r *http.Request) {
 		out = append(out, info)
 	}
 	writeJSON(w, out)
+}
+
+// onlyMethod answers 405 to any method but m, for handlers mounted by path alone.
+func onlyMethod(m string, h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != m {
+			writeStatus(w, http.StatusMethodNotAllowed, "MethodNotAllowed", "only "+m+" is allowed")
+			return
+		}
+		h(w, r)
+	})
+}
+
+// debugLogs serves this process's most recent log lines (the tail `skiff server` keeps in memory), for the
+// debug bundle.
+func (s *Server) debugLogs(w http.ResponseWriter, _ *http.Request) {
+	if s.logTail == nil {
+		writeStatus(w, http.StatusNotFound, "NotFound", "this server keeps no log tail")
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Write(s.logTail())
+}
+
+// serveVersion says this server's Skiff version, for agents to check the version skew policy before they
+// join (internal/version).
+func serveVersion(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, version.Info{Version: version.Version})
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/internal/join"
 	"github.com/skiff-dev/skiff/internal/servertest"
+	"github.com/skiff-dev/skiff/server"
 )
 
 // TestAgentJoinCredentials checks the server half of an agent's join: the join token from the HCL is the
@@ -46,7 +47,8 @@ func TestAgentJoinCredentials(t *testing.T) {
 		waitABit()
 		written, err = os.ReadFile(filepath.Join(dataDir, "join-token"))
 	}
-	if err != nil || strings.TrimSpace(string(written)) != token {
+	// The file carries the CA's hash before the secret, in k3s's form.
+	if err != nil || !strings.HasPrefix(string(written), "K10") || !strings.HasSuffix(strings.TrimSpace(string(written)), "::"+token) {
 		t.Fatalf("join-token file: %q, %v", written, err)
 	}
 
@@ -67,6 +69,11 @@ func TestAgentJoinCredentials(t *testing.T) {
 	}
 	if string(ca) != string(peers[0].Config.TLSClientConfig.CAData) {
 		t.Fatalf("served CA differs from the admin kubeconfig's")
+	}
+	if tok, err := join.ParseToken(strings.TrimSpace(string(written))); err != nil {
+		t.Fatal(err)
+	} else if _, err := tok.Verify(body); err != nil {
+		t.Fatalf("the written token does not verify the served CA: %v", err)
 	}
 	if _, err := join.VerifyCA("not-the-token-at-all", body); err == nil {
 		t.Fatal("the CA verified under a wrong token")
@@ -147,6 +154,55 @@ func TestAgentJoinCredentials(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("a node impersonating system:masters got %d, want 403", resp.StatusCode)
+	}
+
+	// Rotating the join token revokes the old one: a new bootstrapper presenting it gets 401 (so no
+	// certificate), the new token works, the node keeps its certificate, and the file follows.
+	admin, err := rest.HTTPClientFor(peers[0].Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rotate := func(body string) (int, string) {
+		resp, err := admin.Post(peers[0].Config.Host+"/v1/operator/join-token/rotate", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := rotate(`{"token":"short"}`); code != http.StatusBadRequest || !strings.Contains(body, "at least 16 characters") {
+		t.Fatalf("rotating to a short token: %d %s, want 400", code, body)
+	}
+	code, answer := rotate("")
+	var rotated server.JoinTokenRotation
+	if code != http.StatusOK || json.Unmarshal([]byte(answer), &rotated) != nil {
+		t.Fatalf("rotating the join token: %d %s", code, answer)
+	}
+	newToken, err := join.ParseToken(rotated.Token)
+	if err != nil || newToken.Secret == token || newToken.CheckCA(ca) != nil {
+		t.Fatalf("rotated token %q: %v", rotated.Token, err)
+	}
+	revoked := kubernetes.NewForConfigOrDie(agentConfig(join.BearerToken("node-2", token)))
+	if _, err := revoked.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{}); !apierrors.IsUnauthorized(err) {
+		t.Fatalf("the revoked join token: %v, want 401", err)
+	}
+	renewed := kubernetes.NewForConfigOrDie(agentConfig(join.BearerToken("node-2", rotated.Token)))
+	if _, err := renewed.CertificatesV1().CertificateSigningRequests().List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("the new join token: %v", err)
+	}
+	if _, err := agent.CoreV1().Nodes().Get(ctx, "node-1", metav1.GetOptions{}); err != nil {
+		t.Fatalf("the node with its certificate after the rotation: %v", err)
+	}
+	for i := 0; ; i++ {
+		written, _ = os.ReadFile(filepath.Join(dataDir, "join-token"))
+		if strings.TrimSpace(string(written)) == rotated.Token {
+			break
+		}
+		if i == 50 {
+			t.Fatalf("join-token file after the rotation: %q, want %q", written, rotated.Token)
+		}
+		waitABit()
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/skiff-dev/skiff/fsm"
+	"github.com/skiff-dev/skiff/internal/servicecidr"
 )
 
 // Cluster secrets live in the replicated store, created once by the first leader. The values are drawn by
@@ -32,21 +33,22 @@ const (
 	serviceAccountKeyKey = "/skiff/pki/service-account-key"
 )
 
-// ensureClusterSecrets is a leader service: it creates the cluster CA, the admin token and the join token if
-// missing. The join token is the leader's `server { token }` when set, else a random one.
+// ensureClusterSecrets is a leader service: it stores the cluster CA (drawn before Raft, see raftPKI), the
+// admin token, the join token (the cluster token's secret, until an operator rotates it) and the service
+// account key if missing.
 func (s *Server) ensureClusterSecrets(ctx context.Context) {
-	joinToken := newToken
-	if s.cfg.JoinToken != "" {
-		joinToken = func() ([]byte, error) { return []byte(s.cfg.JoinToken), nil }
-	}
+	joinToken := func() ([]byte, error) { return []byte(s.token.Secret), nil }
 	for _, secret := range []struct {
 		key  string
 		make func() ([]byte, error)
-	}{{clusterCAKey, newCA}, {adminTokenKey, newToken}, {joinTokenKey, joinToken}, {serviceAccountKeyKey, newServiceAccountKey}} {
+	}{{clusterCAKey, s.pki.bundle}, {adminTokenKey, newToken}, {joinTokenKey, joinToken}, {serviceAccountKeyKey, newServiceAccountKey}} {
 		if _, _, err := s.node.Store().Get(secret.key); err == nil {
 			continue
 		}
 		value, err := secret.make()
+		if err == nil {
+			value, err = s.sealSecret(secret.key, value)
+		}
 		if err != nil {
 			s.logger.Error("creating cluster secret", "key", secret.key, "error", err)
 			return
@@ -83,14 +85,14 @@ func newServiceAccountKey() ([]byte, error) {
 
 // serviceAccountKey returns the key service account tokens are signed with, once it has replicated here.
 func (s *Server) serviceAccountKey() (*ecdsa.PrivateKey, error) {
-	kv, _, err := s.node.Store().Get(serviceAccountKeyKey)
+	plain, _, err := s.openSecret(serviceAccountKeyKey)
 	if err != nil {
 		return nil, err
 	}
 	s.saKeyMu.Lock()
 	defer s.saKeyMu.Unlock()
-	if s.saKey == nil || !bytes.Equal(s.saKeyPEM, kv.Value) {
-		block, _ := pem.Decode(kv.Value)
+	if s.saKey == nil || !bytes.Equal(s.saKeyPEM, plain) {
+		block, _ := pem.Decode(plain)
 		if block == nil {
 			return nil, errors.New("service account key in the store is not PEM")
 		}
@@ -98,7 +100,7 @@ func (s *Server) serviceAccountKey() (*ecdsa.PrivateKey, error) {
 		if err != nil {
 			return nil, err
 		}
-		s.saKey, s.saKeyPEM = key, kv.Value
+		s.saKey, s.saKeyPEM = key, plain
 	}
 	return s.saKey, nil
 }
@@ -134,11 +136,11 @@ func newCA() ([]byte, error) {
 
 // clusterCA returns the CA certificate (PEM) and its parsed form, once it has replicated to this peer.
 func (s *Server) clusterCA() (certPEM []byte, cert *x509.Certificate, key *ecdsa.PrivateKey, err error) {
-	kv, _, err := s.node.Store().Get(clusterCAKey)
+	plain, _, err := s.openSecret(clusterCAKey)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	certBlock, rest := pem.Decode(kv.Value)
+	certBlock, rest := pem.Decode(plain)
 	keyBlock, _ := pem.Decode(rest)
 	if certBlock == nil || keyBlock == nil {
 		return nil, nil, nil, errors.New("cluster CA in the store is not PEM")
@@ -150,6 +152,16 @@ func (s *Server) clusterCA() (certPEM []byte, cert *x509.Certificate, key *ecdsa
 		return nil, nil, nil, err
 	}
 	return pem.EncodeToMemory(certBlock), cert, key, nil
+}
+
+// signingCA is the cluster CA with its key: from the store, or before the store has it, the one this server
+// holds for its Raft certificate.
+func (s *Server) signingCA() (*x509.Certificate, *ecdsa.PrivateKey, error) {
+	if _, ca, key, err := s.clusterCA(); err == nil {
+		return ca, key, nil
+	}
+	_, ca, key, _, err := s.pki.signer()
+	return ca, key, err
 }
 
 // servingCerts hands out this peer's API serving certificate: signed by the cluster CA once the CA has
@@ -167,7 +179,7 @@ func (c *servingCerts) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	if c.fromCA {
 		return c.cert, nil
 	}
-	_, caCert, caKey, err := c.s.clusterCA()
+	caCert, caKey, err := c.s.signingCA()
 	switch {
 	case err == nil:
 		cert, err := c.issue(caCert, caKey)
@@ -222,7 +234,7 @@ func (c *servingCerts) issuePEM(ca *x509.Certificate, caKey *ecdsa.PrivateKey) (
 			tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
 		}
 	}
-	if ip, err := kubernetesServiceIP(cfg.ServiceCIDR); err == nil {
+	if ip, err := servicecidr.KubernetesServiceIP(cfg.ServiceCIDR); err == nil {
 		tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
 	}
 	parent, signer := tmpl, any(key)

@@ -14,7 +14,9 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
@@ -28,18 +30,28 @@ import (
 	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/gossip"
 	"github.com/skiff-dev/skiff/internal/join"
+	"github.com/skiff-dev/skiff/internal/version"
 	"github.com/skiff-dev/skiff/raftnode"
 )
 
 // Server is one running control-plane peer.
 type Server struct {
-	cfg    *config.Server
-	logger hclog.Logger
-	node   *raftnode.Node
-	pool   *gossip.Pool
-	http   *http.Server
-	ln     net.Listener
-	reg    *prometheus.Registry
+	cfg     *config.Server
+	logger  hclog.Logger
+	logTail func() []byte // nil when the process keeps no log tail
+	node    *raftnode.Node
+	pool    *gossip.Pool
+	// pki is the cluster CA and this server's certificate for the Raft port; token the cluster token.
+	pki   *raftPKI
+	token join.Token
+	// enc encrypts values at rest: the API's resources its configuration lists, and the server's own secrets.
+	enc *encryptionAtRest
+	// apiBlocked says why the API cannot start, when it is the operator's to fix; "" otherwise.
+	apiBlocked atomic.Value
+	rotateMu   sync.Mutex // one encryption key rotation at a time
+	http       *http.Server
+	ln         net.Listener
+	reg        *prometheus.Registry
 
 	// saKey is the parsed service account signing key, kept while the stored PEM is unchanged.
 	saKeyMu  sync.Mutex
@@ -61,6 +73,8 @@ type Server struct {
 type Options struct {
 	// LocalGossip selects memberlist's loopback timings.
 	LocalGossip bool
+	// LogTail returns the process's most recent log lines, for `skiff operator debug`; nil serves none.
+	LogTail func() []byte
 }
 
 // New starts a peer: Raft (from existing state if any), gossip, the HTTP endpoints, and bootstrap when this
@@ -69,7 +83,22 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, logger: logger, reg: prometheus.NewRegistry(), done: make(chan struct{}), rbacPolicyReady: make(chan struct{})}
+	s := &Server{cfg: cfg, logger: logger, logTail: opts.LogTail, reg: prometheus.NewRegistry(), done: make(chan struct{}), rbacPolicyReady: make(chan struct{}),
+		pki: &raftPKI{dir: filepath.Join(cfg.DataDir, signingCADir)}}
+	var err error
+	if s.token, err = clusterToken(cfg); err != nil {
+		return nil, err
+	}
+	if s.enc, err = newEncryptionAtRest(cfg); err != nil {
+		return nil, err
+	}
+	if loaded, err := s.pki.load(); err != nil {
+		return nil, fmt.Errorf("reading the Raft certificate under %s: %w", s.pki.dir, err)
+	} else if loaded {
+		if err := s.pki.renewIfOld(cfg.Name); err != nil {
+			logger.Warn("renewing the Raft certificate", "error", err)
+		}
+	}
 	rc := raftnode.DefaultConfig()
 	rc.ID = cfg.Name
 	rc.DataDir = cfg.DataDir
@@ -84,7 +113,7 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 	rc.ApplyTimeout = cfg.WriteTimeout
 	rc.Store = fsm.Options{HistoryEvents: cfg.HistoryEvents, HistoryAge: cfg.HistoryAge}
 	rc.Logger = logger
-	var err error
+	rc.Layer = raftnode.TLSLayer{Creds: s.pki}
 	if s.node, err = raftnode.New(rc); err != nil {
 		return nil, err
 	}
@@ -96,9 +125,12 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 		Name: cfg.Name, BindAddr: cfg.BindAddr, BindPort: cfg.Ports.Gossip, AdvertiseAddr: cfg.AdvertiseAddr,
 		Meta: gossip.Meta{
 			Role: gossip.RoleServer, RaftAddr: cfg.AdvertiseRaftAddr(), APIAddr: cfg.AdvertiseAPIAddr(),
-			BootstrapExpect: cfg.BootstrapExpect, BootID: bootID(),
+			BootstrapExpect: cfg.BootstrapExpect, BootID: bootID(), Version: version.Version,
 		},
 		RetryJoin: cfg.RetryJoin, RetryInterval: cfg.RetryInterval, EncryptKey: cfg.Encrypt,
+		// Without `encrypt`, gossip is encrypted with a key derived from the cluster token, which agents derive
+		// from their join token alike; after a rotation the keyring file holds the keys.
+		DefaultKey: gossip.KeyFromSecret(s.token.Secret), KeyringFile: filepath.Join(cfg.DataDir, gossip.KeyringFileName),
 		PeersFile: filepath.Join(cfg.DataDir, gossipPeersFile), Local: opts.LocalGossip, Logger: logger,
 	})
 	if err != nil {
@@ -110,8 +142,9 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "skiff_gossip_members", Help: "Alive gossip members."},
 			func() float64 { return float64(len(s.pool.Alive(""))) }))
 
-	s.node.OnLeadership("add-joined-servers", s.addJoinedServers)
+	s.node.OnLeadership("autopilot", s.autopilot)
 	s.node.OnLeadership("cluster-secrets", s.ensureClusterSecrets)
+	s.node.OnLeadership("gossip-keyring", s.ensureGossipKeyring)
 	s.node.OnLeadership("system-objects", s.runSystemObjects)
 	s.node.OnLeadership("controllers", s.runControllers)
 	s.node.OnLeadership("scheduler", s.runScheduler)
@@ -136,13 +169,19 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 		defer s.wg.Done()
 		s.serveAPI(ctx, certs)
 	}()
-	if !s.node.HasState() {
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.ensureRaftPKI(ctx)
+		if !s.node.HasState() {
 			s.runBootstrap(ctx)
-		}()
-	}
+		}
+	}()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.followGossipKeyring(ctx)
+	}()
 	s.logger.Info("server started", "name", cfg.Name, "api", cfg.AdvertiseAPIAddr(), "raft", cfg.AdvertiseRaftAddr(),
 		"gossip", net.JoinHostPort(cfg.AdvertiseAddr, fmt.Sprint(cfg.Ports.Gossip)), "data_dir", cfg.DataDir)
 	return s, nil
@@ -154,6 +193,32 @@ func (s *Server) Node() *raftnode.Node { return s.node }
 // Pool returns the peer's gossip member.
 func (s *Server) Pool() *gossip.Pool { return s.pool }
 
+// clusterTokenFile, under the data dir, keeps the cluster token a single server drew because none was
+// configured.
+const clusterTokenFile = "cluster-token"
+
+// clusterToken is server.token, or for a server without one (a single server: config requires it with
+// bootstrap_expect > 1), the token it drew at its first start.
+func clusterToken(cfg *config.Server) (join.Token, error) {
+	if cfg.Token.Secret != "" {
+		return cfg.Token, nil
+	}
+	path := filepath.Join(cfg.DataDir, clusterTokenFile)
+	if b, err := os.ReadFile(path); err == nil {
+		return join.ParseToken(strings.TrimSpace(string(b)))
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return join.Token{}, err
+	}
+	secret, err := newToken()
+	if err != nil {
+		return join.Token{}, err
+	}
+	if err := writeFileAtomic(path, append(secret, '\n')); err != nil {
+		return join.Token{}, err
+	}
+	return join.Token{Secret: string(secret)}, nil
+}
+
 // gossipPeersFile, under the data dir, remembers the gossip members seen, to rejoin through after a restart.
 const gossipPeersFile = "gossip-peers.json"
 
@@ -163,39 +228,44 @@ func (s *Server) KubeconfigPath() string { return filepath.Join(s.cfg.DataDir, "
 // Removed is closed when this peer was removed from the cluster; the process should exit.
 func (s *Server) Removed() <-chan struct{} { return s.node.Removed() }
 
-// writeJoinToken writes the join token to <data_dir>/join-token (mode 0600) for the operator to hand to
-// agents, once it has replicated here.
-func (s *Server) writeJoinToken(ctx context.Context) {
-	for s.joinToken() == "" {
-		if !sleepCtx(ctx, 100*time.Millisecond) {
+// JoinTokenFile, under the data dir, holds the join token for the operator to hand to agents, with the
+// cluster CA's hash (K10<hash>::<secret>) so that an agent checks the CA before it sends the secret.
+const JoinTokenFile = "join-token"
+
+// writeJoinToken keeps <data_dir>/join-token (mode 0600) equal to the cluster's join token once it has
+// replicated here, rotations included, until ctx ends.
+func (s *Server) writeJoinToken(ctx context.Context, caPEM []byte) {
+	var written string
+	for {
+		if secret := s.joinToken(); secret != "" && secret != written {
+			tok := join.Token{Secret: secret}.WithCA(caPEM).String()
+			if err := writeFileAtomic(filepath.Join(s.cfg.DataDir, JoinTokenFile), []byte(tok+"\n")); err != nil {
+				s.logger.Error("writing the join token", "error", err)
+			} else {
+				written = secret
+			}
+		}
+		if !sleepCtx(ctx, 2*time.Second) {
 			return
 		}
-	}
-	path := filepath.Join(s.cfg.DataDir, "join-token")
-	if err := os.WriteFile(path, []byte(s.joinToken()+"\n"), 0o600); err != nil {
-		s.logger.Error("writing the join token", "error", err)
-		return
-	}
-	if s.cfg.JoinToken != "" && s.cfg.JoinToken != s.joinToken() {
-		s.logger.Warn("server.token differs from the cluster's join token, which the first leader chose; agents must use the cluster's", "path", path)
 	}
 }
 
 // joinToken is the token node agents join with, once the leader has stored it.
 func (s *Server) joinToken() string {
-	kv, _, err := s.node.Store().Get(joinTokenKey)
+	plain, _, err := s.openSecret(joinTokenKey)
 	if err != nil {
 		return ""
 	}
-	return string(kv.Value)
+	return string(plain)
 }
 
 func (s *Server) adminToken() (string, bool) {
-	kv, _, err := s.node.Store().Get(adminTokenKey)
+	plain, _, err := s.openSecret(adminTokenKey)
 	if err != nil {
 		return "", false
 	}
-	return string(kv.Value), true
+	return string(plain), true
 }
 
 // serveAPI waits until the cluster CA and the admin token have replicated here, then serves the Kubernetes
@@ -210,7 +280,15 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		token, ok = s.adminToken()
 		caPEM, _, _, err = s.clusterCA()
 		if ok && err == nil {
+			s.apiBlocked.Store("")
 			break
+		}
+		// Not replicated here yet is the common case; a value this server cannot decrypt is the operator's to
+		// fix (the wrong encryption configuration), so it says so, in the log and to clients.
+		if _, _, derr := s.openSecret(clusterCAKey); derr != nil && !errors.Is(derr, fsm.ErrNotFound) {
+			if prev, _ := s.apiBlocked.Swap(derr.Error()).(string); prev != derr.Error() {
+				s.logger.Error("the API cannot start", "error", derr)
+			}
 		}
 		select {
 		case <-ctx.Done():
@@ -246,6 +324,9 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		Handlers: map[string]http.Handler{
 			"/v1/operator/": s.operatorRoutes(), "/metrics": s.metricsHandler(), join.CAPath: s.caForAgents(caPEM),
 			join.ServingCertPath: http.HandlerFunc(s.signAgentServingCert),
+			join.ServerCAPath:    onlyMethod(http.MethodGet, s.serverCAHandler), join.ServerJoinPath: onlyMethod(http.MethodPost, s.serverJoinHandler),
+			join.GossipKeyringPath: onlyMethod(http.MethodGet, s.agentGossipKeyring),
+			version.Path:           onlyMethod(http.MethodGet, serveVersion),
 		},
 		AgentTransport: agentTransport,
 		Metrics:        metrics,
@@ -255,10 +336,12 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		},
 		ReadyzChecks: []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
 		ServiceCIDR:  s.cfg.ServiceCIDR,
+		Transformers: s.enc,
 		ClusterCIDR:  s.cfg.ClusterCIDR,
 		EventTTL:     s.cfg.EventTTL,
 
 		DefaultTolerationSeconds: &s.cfg.DefaultTolerationSeconds,
+		PodSecurity:              apiserver.PodSecurityConfig(s.cfg.PodSecurity),
 
 		MaxRequestsInFlight: s.cfg.MaxRequestsInFlight, MaxMutatingRequestsInFlight: s.cfg.MaxMutatingRequestsInFlight,
 	})
@@ -272,7 +355,7 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 	} else {
 		s.logger.Info("wrote admin kubeconfig", "path", s.KubeconfigPath())
 	}
-	s.writeJoinToken(ctx)
+	go s.writeJoinToken(ctx, caPEM)
 	go metrics.Run(ctx)
 	s.logger.Info("serving the Kubernetes API", "address", s.cfg.AdvertiseAPIAddr())
 	if err := api.Run(ctx); err != nil && ctx.Err() == nil {

@@ -71,13 +71,14 @@ func freePort(t testing.TB, ip string) int {
 func newPeers(t testing.TB, n, expect int) []*testPeer {
 	var peers []*testPeer
 	var joins []string
+	token := "server-test-token-0123456789"
 	for i := 0; i < n; i++ {
 		ip := "127.0.0.1"
 		f := &config.ServerFile{
 			Name: ptr(fmt.Sprintf("cp-%d", i)), DataDir: ptr(t.TempDir()), BindAddr: &ip, LogLevel: ptr("warn"),
 			Ports: &config.PortsBlock{API: ptr(freePort(t, ip)), Raft: ptr(freePort(t, ip)), Gossip: ptr(freePort(t, ip))},
 			Server: &config.ServerBlock{
-				BootstrapExpect: &expect, RetryInterval: ptr("100ms"),
+				BootstrapExpect: &expect, RetryInterval: ptr("100ms"), Token: &token, ServerStabilizationTime: ptr("1s"),
 				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("200ms"), ElectionTimeout: ptr("200ms"), LeaderLeaseTimeout: ptr("100ms")},
 			},
 		}

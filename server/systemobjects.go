@@ -12,6 +12,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	storagev1 "k8s.io/api/storage/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -23,6 +24,7 @@ import (
 
 	"github.com/skiff-dev/skiff/controller"
 	"github.com/skiff-dev/skiff/gossip"
+	"github.com/skiff-dev/skiff/internal/servicecidr"
 	"github.com/skiff-dev/skiff/scheduler"
 )
 
@@ -37,7 +39,7 @@ const leaderLeaseName = "skiff-leader"
 const leaseRenewInterval = 5 * time.Second
 
 // runSystemObjects is a leader service: through the API, as any component would, it creates the system
-// namespaces and keeps the leader Lease current.
+// namespaces and the default StorageClass, and keeps the leader Lease current.
 func (s *Server) runSystemObjects(ctx context.Context) {
 	client, err := s.adminClient(ctx)
 	if err != nil {
@@ -52,6 +54,14 @@ func (s *Server) runSystemObjects(ctx context.Context) {
 			s.logger.Warn("creating system namespace", "namespace", name, "error", err)
 			sleepCtx(ctx, time.Second)
 		}
+	}
+	for ctx.Err() == nil {
+		err := ensureLocalPathClass(ctx, client)
+		if err == nil {
+			break
+		}
+		s.logger.Warn("creating the local-path StorageClass", "error", err)
+		sleepCtx(ctx, time.Second)
 	}
 	acquired := metav1.NewMicroTime(time.Now())
 	first := true
@@ -71,22 +81,10 @@ func (s *Server) runSystemObjects(ctx context.Context) {
 	}
 }
 
-// kubernetesServiceIP is the ClusterIP of default/kubernetes: the first address of the service CIDR.
-func kubernetesServiceIP(serviceCIDR string) (net.IP, error) {
-	_, cidr, err := net.ParseCIDR(serviceCIDR)
-	if err != nil {
-		return nil, err
-	}
-	first := make(net.IP, 4)
-	copy(first, cidr.IP.To4())
-	first[3]++
-	return first, nil
-}
-
 // reconcileKubernetesService keeps default/kubernetes, the Service pods reach the API through: the first
 // address of the service CIDR, with one endpoint per alive server.
 func (s *Server) reconcileKubernetesService(ctx context.Context, client kubernetes.Interface) error {
-	first, err := kubernetesServiceIP(s.cfg.ServiceCIDR)
+	first, err := servicecidr.KubernetesServiceIP(s.cfg.ServiceCIDR)
 	if err != nil {
 		return err
 	}
@@ -269,6 +267,7 @@ func (s *Server) runControllers(ctx context.Context) {
 	}
 	clients.Members = s.pool
 	clients.NodeLifecycle = controller.NodeLifecycleConfig{LeaseGrace: s.cfg.NodeLeaseGrace, PodGCTimeout: s.cfg.PodGCTimeout}
+	clients.QuotaSyncPeriod = s.cfg.ResourceQuotaSyncPeriod
 	if clients.RootCA, _, _, err = s.clusterCA(); err != nil {
 		s.logger.Error("reading the cluster CA: kube-root-ca.crt will not be published", "error", err)
 	}
@@ -278,9 +277,14 @@ func (s *Server) runControllers(ctx context.Context) {
 	controller.Run(ctx, clients)
 }
 
-// signingCADir is where, under the data dir, the leader keeps the cluster CA's certificate and key as files,
-// which Kubernetes' CSR signers read (the data dir holds them already, in the Raft store).
-const signingCADir = "pki"
+// signingCADir is where, under the data dir, the Raft credentials live (raftPKI), and csrSigningDir where the
+// leader keeps the cluster CA's certificate and key as files, which Kubernetes' CSR signers read (the data
+// dir holds them already, in the Raft store). They differ after a snapshot of another cluster is restored:
+// the API takes the restored CA, while Raft keeps the CA its peers hold.
+const (
+	signingCADir  = "pki"
+	csrSigningDir = "pki/csr-signing"
+)
 
 // writeSigningCA writes the cluster CA for the certificate signers and says where it is.
 func (s *Server) writeSigningCA() (controller.CertificateSigning, error) {
@@ -292,7 +296,7 @@ func (s *Server) writeSigningCA() (controller.CertificateSigning, error) {
 	if err != nil {
 		return controller.CertificateSigning{}, err
 	}
-	dir := filepath.Join(s.cfg.DataDir, signingCADir)
+	dir := filepath.Join(s.cfg.DataDir, csrSigningDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return controller.CertificateSigning{}, err
 	}
@@ -365,4 +369,25 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 	case <-time.After(d):
 		return true
 	}
+}
+
+// localPathProvisioner is the provisioner every node agent runs for its nodes (nodeagent.LocalPathProvisioner).
+const localPathProvisioner = "skiff.dev/local-path"
+
+// ensureLocalPathClass creates the default StorageClass, local-path, when it is missing, as k3s ships it: a
+// claim of it gets a directory on the node of its first pod (WaitForFirstConsumer), deleted with the claim.
+// An existing class of that name is left as the operator made it.
+func ensureLocalPathClass(ctx context.Context, client kubernetes.Interface) error {
+	reclaim := corev1.PersistentVolumeReclaimDelete
+	mode := storagev1.VolumeBindingWaitForFirstConsumer
+	sc := &storagev1.StorageClass{
+		ObjectMeta: metav1.ObjectMeta{Name: "local-path", Annotations: map[string]string{
+			"storageclass.kubernetes.io/is-default-class": "true"}},
+		Provisioner: localPathProvisioner, ReclaimPolicy: &reclaim, VolumeBindingMode: &mode,
+	}
+	_, err := client.StorageV1().StorageClasses().Create(ctx, sc, metav1.CreateOptions{})
+	if apierrors.IsAlreadyExists(err) {
+		return nil
+	}
+	return err
 }

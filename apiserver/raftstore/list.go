@@ -91,8 +91,8 @@ pages:
 			}
 			lastKey = kv.Key
 			obj := newItem()
-			if err := s.decode(kv.Value, obj, kv.ModRevision); err != nil {
-				return storage.NewInternalError(fmt.Errorf("decoding %s: %w", kv.Key, err))
+			if _, _, err := s.decodeStored(ctx, kv.Key, kv.Value, obj, kv.ModRevision); err != nil {
+				return internalError(kv.Key, err)
 			}
 			if ok, err := pred.Matches(obj); err == nil && ok {
 				v.Set(reflect.Append(v, reflect.ValueOf(obj).Elem()))
@@ -145,8 +145,8 @@ func (s *Store) getSingle(key string, opts storage.ListOptions, listObj runtime.
 	if len(page.KVs) == 1 && page.KVs[0].Key == key {
 		kv := page.KVs[0]
 		obj := newItem()
-		if err := s.decode(kv.Value, obj, kv.ModRevision); err != nil {
-			return storage.NewInternalError(fmt.Errorf("decoding %s: %w", kv.Key, err))
+		if _, _, err := s.decodeStored(context.TODO(), kv.Key, kv.Value, obj, kv.ModRevision); err != nil {
+			return internalError(kv.Key, err)
 		}
 		if ok, err := opts.Predicate.Matches(obj); err == nil && ok {
 			v.Set(reflect.Append(v, reflect.ValueOf(obj).Elem()))
@@ -189,4 +189,13 @@ func newItemFunc(listObj runtime.Object, v reflect.Value) func() runtime.Object 
 	}
 	elem := v.Type().Elem()
 	return func() runtime.Object { return reflect.New(elem).Interface().(runtime.Object) }
+}
+
+// internalError is a failure to read a stored value as a storage internal error (decodeStored's already
+// is one).
+func internalError(key string, err error) error {
+	if storage.IsInternalError(err) {
+		return err
+	}
+	return storage.NewInternalError(fmt.Errorf("decoding %s: %w", key, err))
 }

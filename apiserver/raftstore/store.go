@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -17,6 +18,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/storage"
+	"k8s.io/apiserver/pkg/storage/value"
+	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
 
 	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/raftnode"
@@ -38,6 +41,9 @@ type Config struct {
 	GroupResource  schema.GroupResource
 	NewFunc        func() runtime.Object
 	NewListFunc    func() runtime.Object
+	// Transformer turns values into what the store holds and back (encryption at rest); nil stores them as
+	// the codec writes them.
+	Transformer value.Transformer
 }
 
 // Store is the storage.Interface of one resource.
@@ -50,6 +56,7 @@ type Store struct {
 	groupResource  schema.GroupResource
 	newFunc        func() runtime.Object
 	newListFunc    func() runtime.Object
+	transformer    atomic.Pointer[transformerHolder]
 
 	mu       sync.Mutex
 	watchers map[*watchChan]struct{}
@@ -63,11 +70,45 @@ func New(c Config) *Store {
 	if !strings.HasSuffix(prefix, "/") {
 		prefix += "/"
 	}
-	return &Store{
+	s := &Store{
 		backend: c.Backend, codec: c.Codec, versioner: storage.APIObjectVersioner{},
 		pathPrefix: prefix, resourcePrefix: c.ResourcePrefix, groupResource: c.GroupResource,
 		newFunc: c.NewFunc, newListFunc: c.NewListFunc, watchers: map[*watchChan]struct{}{},
 	}
+	s.SetTransformer(c.Transformer)
+	return s
+}
+
+// transformerHolder lets an atomic pointer hold any value.Transformer.
+type transformerHolder struct{ value.Transformer }
+
+// SetTransformer replaces the store's value transformer (nil: identity, which refuses encrypted values).
+// Watches in flight use the new one from their next event.
+func (s *Store) SetTransformer(t value.Transformer) {
+	if t == nil {
+		t = identity.NewEncryptCheckTransformer()
+	}
+	s.transformer.Store(&transformerHolder{t})
+}
+
+// toStorage turns the codec's bytes for key into what the store holds. The key is the authenticated data,
+// as kube-apiserver's etcd3 store uses it, so a value cannot be moved to another key unnoticed.
+func (s *Store) toStorage(ctx context.Context, key string, data []byte) ([]byte, error) {
+	out, err := s.transformer.Load().TransformToStorage(ctx, data, value.DefaultContext(key))
+	if err != nil {
+		return nil, storage.NewInternalError(fmt.Errorf("encrypting %s: %w", key, err))
+	}
+	return out, nil
+}
+
+// decodeStored turns what the store holds for key back into an object; stale says the value was written
+// with another key or provider than the first one configured, and should be rewritten.
+func (s *Store) decodeStored(ctx context.Context, key string, stored []byte, into runtime.Object, rev int64) (data []byte, stale bool, err error) {
+	data, stale, err = s.transformer.Load().TransformFromStorage(ctx, stored, value.DefaultContext(key))
+	if err != nil {
+		return nil, false, storage.NewInternalError(fmt.Errorf("cannot decrypt %s: check the servers' encryption configuration (its keys must include the one that wrote it): %w", key, err))
+	}
+	return data, stale, s.decode(data, into, rev)
 }
 
 // Versioner implements storage.Interface.
@@ -87,21 +128,23 @@ func (s *Store) apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error)
 	return res, mapBackendError(err)
 }
 
-// mapBackendError turns "no leader" into 503 with Retry-After, and "outcome unknown" into a 504 timeout, so
-// clients retry rather than assume.
+// mapBackendError turns "no leader" (the request certainly did nothing) into 503 with Retry-After, and
+// "outcome unknown" into a 504 timeout without one, as kube-apiserver answers a write that timed out.
+// client-go resends any request answered 5xx with a Retry-After header: resent, a write that took effect
+// would fail with 409 or 404, and its client would believe it never happened.
 func mapBackendError(err error) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, raftnode.ErrUnknownOutcome):
+		return apierrors.NewTimeoutError(err.Error(), 0)
 	case errors.Is(err, raftnode.ErrNoLeader), errors.Is(err, raftnode.ErrNotLeader), errors.Is(err, raftnode.ErrShutdown):
 		return &apierrors.StatusError{ErrStatus: metav1.Status{
 			Status: metav1.StatusFailure, Code: http.StatusServiceUnavailable, Reason: metav1.StatusReasonServiceUnavailable,
 			Message: "the cluster has no leader right now: " + err.Error(), Details: &metav1.StatusDetails{RetryAfterSeconds: 1},
 		}}
-	case errors.Is(err, raftnode.ErrUnknownOutcome):
-		return apierrors.NewTimeoutError(err.Error(), 1)
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return apierrors.NewTimeoutError("storage operation did not complete: "+err.Error(), 1)
+		return apierrors.NewTimeoutError("storage operation did not complete: "+err.Error(), 0)
 	}
 	return err
 }
@@ -164,7 +207,11 @@ func (s *Store) Create(ctx context.Context, key string, obj, out runtime.Object,
 	if err != nil {
 		return err
 	}
-	res, err := s.apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: key, Value: data, ExpiresAt: expiry(ttl)})
+	stored, err := s.toStorage(ctx, key, data)
+	if err != nil {
+		return err
+	}
+	res, err := s.apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: key, Value: stored, ExpiresAt: expiry(ttl)})
 	if err != nil {
 		return err
 	}
@@ -217,7 +264,8 @@ func (s *Store) Get(ctx context.Context, key string, opts storage.GetOptions, ou
 		}
 		return storage.NewKeyNotFoundError(key, 0)
 	}
-	return s.decode(kv.Value, out, kv.ModRevision)
+	_, _, err = s.decodeStored(ctx, key, kv.Value, out, kv.ModRevision)
+	return err
 }
 
 // objState is an object as read from the store, with what a conditional write needs.
@@ -225,8 +273,8 @@ type objState struct {
 	obj   runtime.Object
 	meta  *storage.ResponseMeta
 	rev   int64
-	data  []byte
-	stale bool // taken from a cached object rather than the store
+	data  []byte // as the codec wrote it (before the transformer)
+	stale bool   // stored with another key or provider than the first: an update must rewrite it
 }
 
 func (s *Store) stateFromKV(kv *fsm.KeyValue, v reflect.Value, ignoreNotFound bool, key string) (*objState, error) {
@@ -240,10 +288,11 @@ func (s *Store) stateFromKV(kv *fsm.KeyValue, v reflect.Value, ignoreNotFound bo
 		}
 		return st, nil
 	}
-	st.rev, st.data = kv.ModRevision, kv.Value
+	st.rev = kv.ModRevision
 	st.meta.ResourceVersion = uint64(kv.ModRevision)
 	st.meta.TTL = ttlOf(kv)
-	if err := s.decode(kv.Value, st.obj, kv.ModRevision); err != nil {
+	var err error
+	if st.data, st.stale, err = s.decodeStored(context.TODO(), key, kv.Value, st.obj, kv.ModRevision); err != nil {
 		return nil, err
 	}
 	return st, nil
@@ -275,7 +324,7 @@ func (s *Store) stateFromObject(obj runtime.Object) (*objState, error) {
 	if err := s.versioner.UpdateObject(obj, rv); err != nil {
 		return nil, err
 	}
-	return &objState{obj: obj, meta: &storage.ResponseMeta{ResourceVersion: rv}, rev: int64(rv), data: data, stale: true}, nil
+	return &objState{obj: obj, meta: &storage.ResponseMeta{ResourceVersion: rv}, rev: int64(rv), data: data}, nil
 }
 
 // startState is where a conditional write starts: the caller's cached object when it gave one (current is
@@ -420,7 +469,7 @@ func (s *Store) GuaranteedUpdate(ctx context.Context, key string, destination ru
 		if err != nil {
 			return err
 		}
-		if orig.rev != 0 && bytes.Equal(data, orig.data) && (ttl == nil || *ttl == uint64(orig.meta.TTL)) {
+		if orig.rev != 0 && !orig.stale && bytes.Equal(data, orig.data) && (ttl == nil || *ttl == uint64(orig.meta.TTL)) {
 			// Unchanged: no write. A cached object must first be confirmed against the store.
 			if !current {
 				if err := s.readAt(ctx, ""); err != nil {
@@ -430,7 +479,7 @@ func (s *Store) GuaranteedUpdate(ctx context.Context, key string, destination ru
 					return err
 				}
 				current = true
-				if !bytes.Equal(data, orig.data) {
+				if orig.stale || !bytes.Equal(data, orig.data) {
 					continue
 				}
 			}
@@ -440,9 +489,13 @@ func (s *Store) GuaranteedUpdate(ctx context.Context, key string, destination ru
 		if ttl != nil {
 			expiresAt = expiry(*ttl)
 		}
-		cmd := &fsm.Command{Type: fsm.CmdUpdate, Key: key, Value: data, ExpectedModRevision: orig.rev, ExpiresAt: expiresAt}
+		stored, err := s.toStorage(ctx, key, data)
+		if err != nil {
+			return err
+		}
+		cmd := &fsm.Command{Type: fsm.CmdUpdate, Key: key, Value: stored, ExpectedModRevision: orig.rev, ExpiresAt: expiresAt}
 		if orig.rev == 0 {
-			cmd = &fsm.Command{Type: fsm.CmdCreate, Key: key, Value: data, ExpiresAt: expiresAt}
+			cmd = &fsm.Command{Type: fsm.CmdCreate, Key: key, Value: stored, ExpiresAt: expiresAt}
 		}
 		res, err := s.apply(ctx, cmd)
 		if err != nil {

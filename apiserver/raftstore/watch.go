@@ -159,7 +159,7 @@ func (wc *watchChan) run(initial []*fsm.KeyValue, fromRev int64, endBookmark boo
 		close(wc.result)
 	}()
 	for _, kv := range initial {
-		obj, err := wc.decode(kv.Value, kv.ModRevision)
+		obj, err := wc.decode(kv.Key, kv.Value, kv.ModRevision)
 		if err != nil {
 			wc.sendError(err)
 			return
@@ -202,9 +202,9 @@ func (wc *watchChan) run(initial []*fsm.KeyValue, fromRev int64, endBookmark boo
 	}
 }
 
-func (wc *watchChan) decode(data []byte, rev int64) (runtime.Object, error) {
+func (wc *watchChan) decode(key string, stored []byte, rev int64) (runtime.Object, error) {
 	obj := wc.s.newFunc()
-	if err := wc.s.decode(data, obj, rev); err != nil {
+	if _, _, err := wc.s.decodeStored(wc.ctx, key, stored, obj, rev); err != nil {
 		return nil, err
 	}
 	return obj, nil
@@ -245,26 +245,26 @@ func (wc *watchChan) transform(ev fsm.Event) (*watch.Event, error) {
 	switch ev.Type {
 	case fsm.EventDelete:
 		// The deleted object carries the deleting revision.
-		old, err := wc.decode(ev.Prev.Value, ev.Revision)
+		old, err := wc.decode(ev.KV.Key, ev.Prev.Value, ev.Revision)
 		if err != nil || !wc.matches(old) {
 			return nil, err
 		}
 		return &watch.Event{Type: watch.Deleted, Object: old}, nil
 	case fsm.EventCreate:
-		cur, err := wc.decode(ev.KV.Value, ev.KV.ModRevision)
+		cur, err := wc.decode(ev.KV.Key, ev.KV.Value, ev.KV.ModRevision)
 		if err != nil || !wc.matches(cur) {
 			return nil, err
 		}
 		return &watch.Event{Type: watch.Added, Object: cur}, nil
 	}
-	cur, err := wc.decode(ev.KV.Value, ev.KV.ModRevision)
+	cur, err := wc.decode(ev.KV.Key, ev.KV.Value, ev.KV.ModRevision)
 	if err != nil {
 		return nil, err
 	}
 	if wc.pred.Empty() {
 		return &watch.Event{Type: watch.Modified, Object: cur}, nil
 	}
-	old, err := wc.decode(ev.Prev.Value, ev.Prev.ModRevision)
+	old, err := wc.decode(ev.KV.Key, ev.Prev.Value, ev.Prev.ModRevision)
 	if err != nil {
 		return nil, err
 	}

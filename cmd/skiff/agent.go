@@ -38,7 +38,7 @@ func runAgent(args []string) int {
 		fmt.Fprintf(os.Stderr, "skiff agent: invalid configuration:\n%v\n", err)
 		return 1
 	}
-	logger := newLogger(cfg.LogLevel, cfg.LogJSON)
+	logger, _ := newLogger(cfg.LogLevel, cfg.LogJSON, false)
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		logger.Error("creating the data directory", "error", err)
 		return 1

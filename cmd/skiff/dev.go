@@ -49,8 +49,8 @@ func runDev(args []string) int {
 		fmt.Fprintf(os.Stderr, "skiff dev: %v\n", err)
 		return 1
 	}
-	logger := newLogger(cfg.LogLevel, false)
-	srv, err := server.New(cfg, logger, server.Options{LocalGossip: true})
+	logger, tail := newLogger(cfg.LogLevel, false, true)
+	srv, err := server.New(cfg, logger, server.Options{LocalGossip: true, LogTail: tail.Bytes})
 	if err != nil {
 		logger.Error("starting dev server", "error", err)
 		return 1

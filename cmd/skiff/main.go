@@ -7,12 +7,10 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/skiff-dev/skiff/internal/version"
 	"github.com/skiff-dev/skiff/nodeagent/containerio"
 	"github.com/skiff-dev/skiff/nodeagent/dns"
 )
-
-// version is set by the build (-ldflags "-X main.version=...").
-var version = "dev"
 
 type command struct {
 	summary string
@@ -25,7 +23,7 @@ var commands = map[string]command{
 	"dev":      {"run a single-server cluster in one process", runDev},
 	"local":    {"run an HA cluster of network-namespace hosts on this machine (up, down, status)", runLocal},
 	"operator": {"manage Raft peers, snapshots and gossip members", runOperator},
-	"version":  {"print the version", func([]string) int { fmt.Println("skiff", version); return 0 }},
+	"version":  {"print the version", func([]string) int { fmt.Println("skiff", version.Version); return 0 }},
 }
 
 func usage() {

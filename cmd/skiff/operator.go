@@ -1,14 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -30,13 +33,30 @@ var operatorCommands = []struct {
 	{[]string{"raft", "list-peers"}, "", exactly(0), listPeers},
 	{[]string{"raft", "remove-peer"}, "NAME", exactly(1), removePeer},
 	{[]string{"raft", "transfer-leadership"}, "[NAME]", func(n int) bool { return n <= 1 }, transferLeadership},
+	{[]string{"raft", "recover"}, "SERVER.HCL", exactly(1), raftRecover},
 	{[]string{"snapshot", "save"}, "FILE", exactly(1), snapshotSave},
 	{[]string{"snapshot", "restore"}, "FILE", exactly(1), snapshotRestore},
 	{[]string{"snapshot", "inspect"}, "FILE", exactly(1), snapshotInspect},
 	{[]string{"members"}, "", exactly(0), listMembers},
+	{[]string{"gossip", "keyring"}, "-list | -install KEY | -use KEY | -remove KEY", func(n int) bool { return n == 1 || n == 2 }, gossipKeyring},
+	{[]string{"health"}, "", exactly(0), health},
+	{[]string{"debug"}, "[-output FILE.tar.gz] [-profile 30s]", exactly(2), debugBundle},
+	{[]string{"token", "rotate"}, "[TOKEN]", func(n int) bool { return n <= 1 }, rotateJoinToken},
+	{[]string{"secrets-encrypt", "status"}, "", exactly(0), secretsEncryptStatus},
+	{[]string{"secrets-encrypt", "rotate"}, "", exactly(0), secretsEncryptRotate},
 }
 
+// offlineCommands work on files on this host, without a server to talk to.
+var offlineCommands = map[string]bool{"snapshot inspect": true, "raft recover": true}
+
 func exactly(n int) func(int) bool { return func(got int) bool { return got == n } }
+
+// operatorFlags declares the flags of the commands that take more than -kubeconfig, by command words; what
+// each returns turns the parsed flags and the remaining arguments into the command's arguments.
+var operatorFlags = map[string]func(fs *flag.FlagSet) func(rest []string) ([]string, error){
+	"gossip keyring": keyringFlags,
+	"debug":          debugFlags,
+}
 
 func operatorUsage() {
 	fmt.Fprintln(os.Stderr, "usage: skiff operator <command> [-kubeconfig FILE] [args]\n\ncommands:")
@@ -52,22 +72,30 @@ func runOperator(args []string) int {
 		}
 		fs := flag.NewFlagSet("operator "+strings.Join(c.words, " "), flag.ContinueOnError)
 		kubeconfig := fs.String("kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig that names and authenticates to a server (default $KUBECONFIG)")
+		toArgs := func(rest []string) ([]string, error) { return rest, nil }
+		if declare := operatorFlags[strings.Join(c.words, " ")]; declare != nil {
+			toArgs = declare(fs)
+		}
 		if err := fs.Parse(args[len(c.words):]); err != nil {
 			return 2
 		}
-		if !c.nargs(fs.NArg()) {
+		cmdArgs, err := toArgs(fs.Args())
+		if err != nil || !c.nargs(len(cmdArgs)) {
+			if err != nil {
+				fmt.Fprintf(os.Stderr, "skiff operator %s: %v\n", strings.Join(c.words, " "), err)
+			}
 			fmt.Fprintf(os.Stderr, "usage: skiff operator %s [-kubeconfig FILE] %s\n", strings.Join(c.words, " "), c.args)
 			return 2
 		}
 		var client *opClient
-		if c.words[0] != "snapshot" || c.words[1] != "inspect" {
+		if !offlineCommands[strings.Join(c.words, " ")] {
 			var err error
 			if client, err = newOpClient(*kubeconfig); err != nil {
 				fmt.Fprintf(os.Stderr, "skiff operator: %v\n", err)
 				return 1
 			}
 		}
-		if err := c.run(client, fs.Args()); err != nil {
+		if err := c.run(client, cmdArgs); err != nil {
 			fmt.Fprintf(os.Stderr, "skiff operator: %v\n", err)
 			return 1
 		}
@@ -177,6 +205,56 @@ func transferLeadership(c *opClient, args []string) error {
 	return nil
 }
 
+// health prints the cluster's health as the leader sees it; it fails (exit code 1) unless the cluster is
+// healthy, so it can serve as a probe.
+func health(c *opClient, _ []string) error {
+	var h server.Health
+	if err := c.do("GET", "/v1/operator/health", nil, &h); err != nil {
+		return err
+	}
+	fmt.Printf("leader: %s\nhealthy: %v\nfailure tolerance: %d\n\n", orDash(h.Leader), h.Healthy, h.FailureTolerance)
+	var rows [][]string
+	for _, sv := range h.Servers {
+		contact := "-"
+		if sv.LastContactMillis >= 0 {
+			contact = fmt.Sprintf("%dms", sv.LastContactMillis)
+		}
+		rows = append(rows, []string{sv.Name, sv.Address, fmt.Sprint(sv.Voter), fmt.Sprint(sv.Leader), sv.Gossip, contact,
+			fmt.Sprint(sv.AppliedIndex), fmt.Sprint(sv.AppliedLag), fmt.Sprint(sv.Healthy), orDash(sv.Reason)})
+	}
+	table("SERVER\tADDRESS\tVOTER\tLEADER\tGOSSIP\tLAST CONTACT\tAPPLIED\tLAG\tHEALTHY\tREASON", rows)
+	if len(h.Agents) > 0 {
+		fmt.Println()
+		rows = nil
+		for _, a := range h.Agents {
+			rows = append(rows, []string{a.Name, a.State, fmt.Sprint(a.Nodes)})
+		}
+		table("AGENT\tSTATE\tNODES", rows)
+	}
+	if !h.Healthy {
+		return errors.New("the cluster is not healthy")
+	}
+	return nil
+}
+
+// rotateJoinToken replaces the agents' join token (a given one, or one the server draws) and prints it.
+func rotateJoinToken(c *opClient, args []string) error {
+	var req server.JoinTokenRotation
+	if len(args) == 1 {
+		req.Token = args[0]
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		return err
+	}
+	var out server.JoinTokenRotation
+	if err := c.do("POST", "/v1/operator/join-token/rotate", strings.NewReader(string(body)), &out); err != nil {
+		return err
+	}
+	fmt.Println(out.Token)
+	return nil
+}
+
 func snapshotSave(c *opClient, args []string) error {
 	resp, err := c.send("GET", "/v1/operator/snapshot", nil)
 	if err != nil {
@@ -220,11 +298,16 @@ func snapshotRestore(c *opClient, args []string) error {
 		return err
 	}
 	defer f.Close()
-	var info fsm.SnapshotInfo
-	if err := c.do("PUT", "/v1/operator/snapshot", f, &info); err != nil {
+	var res server.RestoreResult
+	if err := c.do("PUT", "/v1/operator/snapshot", f, &res); err != nil {
 		return err
 	}
-	fmt.Printf("restored snapshot %s: revision %d, %d keys\n", args[0], info.Revision, info.Keys)
+	fmt.Printf("restored snapshot %s: revision %d, %d keys\n", args[0], res.Revision, res.Keys)
+	if res.IdentityChanged {
+		fmt.Print("The snapshot comes from another cluster: its CA, tokens and service account key replace this cluster's.\n" +
+			"Now restart each server, one at a time, so that it serves with them; the admin kubeconfigs the servers\n" +
+			"write then work, and so do the old cluster's. Point the agents at the servers (docs/operations.md).\n")
+	}
 	return nil
 }
 
@@ -274,9 +357,80 @@ func listMembers(c *opClient, _ []string) error {
 		if len(m.Nodes) > 0 {
 			nodes = strings.Join(m.Nodes, ",")
 		}
-		rows = append(rows, []string{m.Name, m.Address, m.Status, m.Role, orDash(strings.Join(addrs, " ")), nodes})
+		rows = append(rows, []string{m.Name, m.Address, m.Status, m.Role, orDash(strings.Join(addrs, " ")), nodes, orDash(m.Version)})
 	}
-	table("NAME\tADDRESS\tSTATUS\tROLE\tSERVES\tNODES", rows)
+	table("NAME\tADDRESS\tSTATUS\tROLE\tSERVES\tNODES\tVERSION", rows)
+	return nil
+}
+
+// keyringFlags are the flags of `gossip keyring`: exactly one of -list, -install KEY, -use KEY, -remove KEY,
+// which become the arguments ["list"] or [action, KEY].
+func keyringFlags(fs *flag.FlagSet) func(rest []string) ([]string, error) {
+	fs.Bool("list", false, "list the cluster's gossip keys, the primary marked, and how many members have applied the keyring")
+	fs.String("install", "", "install a key (base64 of 16, 24 or 32 bytes, e.g. from `head -c32 /dev/urandom | base64`) on every member")
+	fs.String("use", "", "make an installed key the primary key, the one members encrypt with")
+	fs.String("remove", "", "remove a key that is not the primary key")
+	return func(rest []string) ([]string, error) {
+		var set []*flag.Flag
+		fs.Visit(func(f *flag.Flag) {
+			if f.Name != "kubeconfig" {
+				set = append(set, f)
+			}
+		})
+		if len(set) != 1 || len(rest) > 0 {
+			return nil, errors.New("give exactly one of -list, -install KEY, -use KEY, -remove KEY")
+		}
+		if f := set[0]; f.Name != "list" {
+			return []string{f.Name, f.Value.String()}, nil
+		} else if f.Value.String() != "true" {
+			return nil, errors.New("-list takes no value")
+		}
+		return []string{"list"}, nil
+	}
+}
+
+// gossipKeyring lists the cluster's gossip keyring or changes it (install, use or remove a key), and says
+// what changed.
+func gossipKeyring(c *opClient, args []string) error {
+	if args[0] == "list" {
+		var ring server.GossipKeyring
+		if err := c.do("GET", "/v1/operator/gossip/keyring", nil, &ring); err != nil {
+			return err
+		}
+		var rows [][]string
+		for _, k := range ring.Keys {
+			primary := ""
+			if k == ring.Primary {
+				primary = "primary"
+			}
+			rows = append(rows, []string{k, primary})
+		}
+		table("KEY\tPRIMARY", rows)
+		fmt.Println()
+		for _, p := range []struct {
+			role string
+			server.KeyringProgress
+		}{{"servers", ring.Servers}, {"agents", ring.Agents}} {
+			line := fmt.Sprintf("%-8s %d of %d alive have applied this keyring (%s)", p.role+":", p.Applied, p.Alive, ring.Hash)
+			if len(p.Pending) > 0 {
+				line += "; not yet: " + strings.Join(p.Pending, ", ")
+				if more := p.Alive - p.Applied - len(p.Pending); more > 0 {
+					line += fmt.Sprintf(" and %d more", more)
+				}
+			}
+			fmt.Println(line)
+		}
+		return nil
+	}
+	body, err := json.Marshal(server.GossipKeyRequest{Key: args[1]})
+	if err != nil {
+		return err
+	}
+	var change server.GossipKeyringChange
+	if err := c.do("POST", "/v1/operator/gossip/keyring/"+args[0], bytes.NewReader(body), &change); err != nil {
+		return err
+	}
+	fmt.Println(change.Message)
 	return nil
 }
 
@@ -285,4 +439,36 @@ func orDash(s string) string {
 		return "-"
 	}
 	return s
+}
+
+func secretsEncryptStatus(c *opClient, _ []string) error {
+	var rep server.EncryptionReport
+	if err := c.do("GET", "/v1/operator/secrets-encrypt", nil, &rep); err != nil {
+		return err
+	}
+	var rows [][]string
+	for _, st := range rep.Servers {
+		keys := strings.Join(st.Keys, ", ")
+		if st.Err != "" {
+			keys = "error: " + st.Err
+		}
+		rows = append(rows, []string{st.Server, st.Mode, keys})
+	}
+	table("SERVER\tMODE\tKEYS (THE FIRST WRITES)", rows)
+	fmt.Println()
+	rows = nil
+	for _, key := range slices.Sorted(maps.Keys(rep.Stored)) {
+		rows = append(rows, []string{key, fmt.Sprint(rep.Stored[key])})
+	}
+	table("WRITTEN WITH\tSECRETS", rows)
+	return nil
+}
+
+func secretsEncryptRotate(c *opClient, _ []string) error {
+	var res server.RotationResult
+	if err := c.do("POST", "/v1/operator/secrets-encrypt/rotate", nil, &res); err != nil {
+		return err
+	}
+	fmt.Printf("rotated to key %s on %s; %d secrets rewritten with it, and the old keys removed\n", res.Key, strings.Join(res.Servers, ", "), res.Rewritten)
+	return nil
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/internal/logtail"
 	"github.com/skiff-dev/skiff/server"
 )
 
@@ -64,11 +66,21 @@ func serverFlags(fs *flag.FlagSet) (configPath *string, build func() *config.Ser
 	}
 }
 
-// newLogger builds the process's logger and routes the Kubernetes libraries' klog output through it.
-func newLogger(level string, json bool) hclog.Logger {
-	logger := hclog.New(&hclog.LoggerOptions{Name: "skiff", Level: hclog.LevelFromString(level), JSONFormat: json, Output: os.Stderr})
+// logTailSize is how much of its recent log a server keeps in memory for `skiff operator debug`.
+const logTailSize = 4 << 20
+
+// newLogger builds the process's logger, which writes to stderr, and routes the Kubernetes libraries' klog
+// output through it. With keepTail, it also keeps its last 4 MiB in memory (the returned tail, else nil).
+func newLogger(level string, json, keepTail bool) (hclog.Logger, *logtail.Tail) {
+	var tail *logtail.Tail
+	var out io.Writer = os.Stderr
+	if keepTail {
+		tail = logtail.New(logTailSize)
+		out = io.MultiWriter(os.Stderr, tail)
+	}
+	logger := hclog.New(&hclog.LoggerOptions{Name: "skiff", Level: hclog.LevelFromString(level), JSONFormat: json, Output: out})
 	server.RouteKlog(logger)
-	return logger
+	return logger, tail
 }
 
 func runServer(args []string) int {
@@ -82,8 +94,8 @@ func runServer(args []string) int {
 		fmt.Fprintf(os.Stderr, "skiff server: invalid configuration:\n%v\n", err)
 		return 1
 	}
-	logger := newLogger(cfg.LogLevel, cfg.LogJSON)
-	srv, err := server.New(cfg, logger, server.Options{})
+	logger, tail := newLogger(cfg.LogLevel, cfg.LogJSON, true)
+	srv, err := server.New(cfg, logger, server.Options{LogTail: tail.Bytes})
 	if err != nil {
 		logger.Error("starting server", "error", err)
 		return 1

@@ -16,6 +16,14 @@ import (
 	"strings"
 )
 
+// ServerCAPath is where every server serves CAResponse to anyone, with the HMAC keyed by the cluster token's
+// secret: the first step of a server joining (see package server). ServerJoinPath is the second, a POST that
+// presents the secret.
+const (
+	ServerCAPath   = "/v1/server/ca"
+	ServerJoinPath = "/v1/server/join"
+)
+
 // CAPath is where every server serves CAResponse, to anyone.
 const CAPath = "/v1/agent/ca"
 
@@ -73,6 +81,10 @@ func VerifyCA(token string, resp CAResponse) ([]byte, error) {
 // the serving certificate of its HTTPS endpoint and gets back the PEM certificate, then the CA's. The request
 // names system:node:<node> in system:nodes and only the node's name and addresses.
 const ServingCertPath = "/v1/agent/serving-certificate"
+
+// GossipKeyringPath is where an agent, authenticated as a node, reads the cluster's gossip keyring (JSON,
+// gossip.Keyring) to follow key rotations.
+const GossipKeyringPath = "/v1/agent/gossip-keyring"
 
 // AgentClientCN is the common name of the client certificate the servers present to agents, the only
 // identity an agent's endpoint serves (kube-apiserver's kubelet client, as kubeadm names it).

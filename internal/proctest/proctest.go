@@ -5,10 +5,13 @@ package proctest
 
 import (
 	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"syscall"
@@ -16,7 +19,9 @@ import (
 	"time"
 
 	"github.com/skiff-dev/skiff/internal/freeport"
+	"github.com/skiff-dev/skiff/raftnode"
 	"github.com/skiff-dev/skiff/raftnode/raftnodetest"
+	"github.com/skiff-dev/skiff/server"
 )
 
 var (
@@ -60,6 +65,24 @@ func Binary(t testing.TB) string {
 	return binPath
 }
 
+var tokenLine = regexp.MustCompile(`(?m)^\s*token\s*=`)
+
+func randomToken() string {
+	b := make([]byte, 16)
+	rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// RaftClient is a raw client of the server's Raft port (internal RPC), with the server's own certificate.
+func (p *Proc) RaftClient(t testing.TB) *raftnode.Client {
+	t.Helper()
+	layer, err := server.RaftLayer(p.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raftnode.NewClient(p.RaftAddr, layer)
+}
+
 // Proc is one skiff server process.
 type Proc struct {
 	Name     string
@@ -81,12 +104,20 @@ type Cluster struct {
 }
 
 // NewCluster writes the HCL files of n servers on 127.0.0.1..n that join each other with bootstrap_expect n.
-// extraServerHCL is added inside each server block. Every process is killed at cleanup, and on failure the
+// extraServerHCL is added inside each server block; unless it sets the cluster token, the servers share a
+// random one. Every process is killed at cleanup, and on failure the
 // tail of each log is printed.
 func NewCluster(t testing.TB, n int, extraServerHCL string) *Cluster {
 	t.Helper()
+	return NewClusterFrom(t, 1, n, extraServerHCL)
+}
+
+// NewClusterFrom is NewCluster with servers cp-<first> to cp-<first+n-1> on 127.0.0.<first> onwards: a
+// second cluster at other addresses than the first.
+func NewClusterFrom(t testing.TB, first, n int, extraServerHCL string) *Cluster {
+	t.Helper()
 	var ips []string
-	for i := 1; i <= n; i++ {
+	for i := first; i < first+n; i++ {
 		ips = append(ips, fmt.Sprintf("127.0.0.%d", i))
 	}
 	ports := freeport.Take(t, ips, 3)
@@ -95,9 +126,12 @@ func NewCluster(t testing.TB, n int, extraServerHCL string) *Cluster {
 		joins = append(joins, fmt.Sprintf("%q", fmt.Sprintf("%s:%d", ip, ports[2])))
 	}
 	c := &Cluster{t: t, bin: Binary(t)}
+	if !tokenLine.MatchString(extraServerHCL) {
+		extraServerHCL = fmt.Sprintf("token = %q\n", randomToken()) + extraServerHCL
+	}
 	base := t.TempDir()
 	for i, ip := range ips {
-		p := &Proc{Name: fmt.Sprintf("cp-%d", i+1), IP: ip, Dir: filepath.Join(base, fmt.Sprintf("cp-%d", i+1))}
+		p := &Proc{Name: fmt.Sprintf("cp-%d", first+i), IP: ip, Dir: filepath.Join(base, fmt.Sprintf("cp-%d", first+i))}
 		p.Config = filepath.Join(base, p.Name+".hcl")
 		p.RaftAddr = fmt.Sprintf("%s:%d", ip, ports[1])
 		p.GossipAddr = fmt.Sprintf("%s:%d", ip, ports[2])
@@ -115,6 +149,7 @@ server {
   bootstrap_expect = %d
   retry_join       = [%s]
   retry_interval   = "200ms"
+  server_stabilization_time = "2s"
 %s
 }
 `, p.Name, p.Dir, ip, ports[0], ports[1], ports[2], n, strings.Join(joins, ", "), extraServerHCL)
@@ -201,12 +236,11 @@ func (p *Proc) PID() int {
 	return p.cmd.Process.Pid
 }
 
-// Operator runs `skiff operator ARGS` against p's kubeconfig.
+// Operator runs `skiff operator ARGS` against p's kubeconfig, which it names in $KUBECONFIG (a -kubeconfig
+// flag would have to go between the command words and the positional arguments).
 func (c *Cluster) Operator(p *Proc, args ...string) (string, error) {
-	full := append([]string{"operator"}, args...)
-	full = append(full[:len(args)+1:len(args)+1], "-kubeconfig", p.Kubeconfig())
-	// Flags go after the subcommand words but before positional arguments; list-peers and members take none.
-	cmd := exec.Command(c.bin, full...)
+	cmd := exec.Command(c.bin, append([]string{"operator"}, args...)...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+p.Kubeconfig())
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()

@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/util/certificate/csr"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/internal/freeport"
@@ -49,13 +50,15 @@ func StartWith(t testing.TB, n int, mutate func(*config.ServerFile)) []*Peer {
 	ip := "127.0.0.1"
 	var files []*config.ServerFile
 	var joins []string
+	// The servers authenticate each other with a cluster token, which a mutate may replace.
+	token := fmt.Sprintf("servertest-%d-0123456789", time.Now().UnixNano())
 	for i := 0; i < n; i++ {
 		gossip := freePort(t, ip)
 		f := &config.ServerFile{
 			Name: ptr(fmt.Sprintf("cp-%d", i)), DataDir: ptr(t.TempDir()), BindAddr: &ip, LogLevel: ptr("warn"),
 			Ports: &config.PortsBlock{API: ptr(freePort(t, ip)), Raft: ptr(freePort(t, ip)), Gossip: &gossip},
 			Server: &config.ServerBlock{
-				BootstrapExpect: &n, RetryInterval: ptr("100ms"),
+				BootstrapExpect: &n, RetryInterval: ptr("100ms"), Token: &token,
 				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("200ms"), ElectionTimeout: ptr("200ms"), LeaderLeaseTimeout: ptr("100ms")},
 			},
 		}
@@ -157,9 +160,24 @@ func NodeClientCert(t testing.TB, p *Peer, node string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Status.Conditions = append(req.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
-		Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "ServertestApproved"})
-	if _, err := csrs.UpdateApproval(ctx, req.Name, req, metav1.UpdateOptions{}); err != nil {
+	// The leader's approver may approve it first (the admin may ask for node client certificates): then the
+	// approval conflicts, and the request, reread, is approved already.
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := csrs.Get(ctx, req.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, c := range cur.Status.Conditions {
+			if c.Type == certificatesv1.CertificateApproved {
+				return nil
+			}
+		}
+		cur.Status.Conditions = append(cur.Status.Conditions, certificatesv1.CertificateSigningRequestCondition{
+			Type: certificatesv1.CertificateApproved, Status: corev1.ConditionTrue, Reason: "ServertestApproved"})
+		_, err = csrs.UpdateApproval(ctx, cur.Name, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	certPEM, err := csr.WaitForCertificate(ctx, p.Client, req.Name, req.UID)

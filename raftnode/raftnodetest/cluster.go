@@ -6,6 +6,7 @@ package raftnodetest
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -212,6 +213,22 @@ func (c *Cluster) Put(i int, key, value string) (fsm.Result, error) {
 		err = res.Err()
 	}
 	return res, err
+}
+
+// MustPut writes key=value through peer i, retrying while leadership changes hands, and fails the test if
+// the write does not commit within 20 s. Only for writes that are safe to repeat: a write whose outcome was
+// unknown may have committed, and is applied again. Tests whose cluster runs on one follower use it, since
+// under -race on a loaded machine the 50 ms leader lease can lapse and the leader step down mid-loop.
+func (c *Cluster) MustPut(i int, key, value string) {
+	c.t.Helper()
+	c.WaitFor("write of "+key, 20*time.Second, func() error {
+		_, err := c.Put(i, key, value)
+		if err != nil && !errors.Is(err, raftnode.ErrUnknownOutcome) && !errors.Is(err, raftnode.ErrNotLeader) &&
+			!errors.Is(err, raftnode.ErrNoLeader) {
+			c.t.Fatalf("write of %s through peer %d: %v", key, i, err)
+		}
+		return err
+	})
 }
 
 // Network is a loopback network whose links can be cut, one way or both, or made to hang. Each peer dials

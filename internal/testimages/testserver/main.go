@@ -13,6 +13,10 @@
 //	/exit?code=N    replies, then exits with code N
 //	/file?path=P    the content of file P (404 if it does not exist)
 //
+// With -webhook-cert and -webhook-key it also serves HTTPS with that certificate and key, at the port of
+// -webhook-port (default 8443; its start line, "testserver webhook listening on ADDR", follows the other), as an
+// admission webhook (see webhook.go): POST /validate and POST /mutate. Both ports serve every endpoint.
+//
 // As a client, for network tests that need a pod's point of view (see client.go): /fetch, /load/start,
 // /load/stop and /dns.
 //
@@ -25,6 +29,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,7 +54,14 @@ func main() {
 	getURL := flag.String("get", "", "GET this URL ($VAR expanded from the environment) once, print \"HTTP <code>\" and the body, and exit instead of serving")
 	bearerFile := flag.String("bearer-file", "", "with -get: the file whose content is sent as a bearer token")
 	caFile := flag.String("ca-file", "", "with -get: the CA certificates that verify the server")
+	webhookCert := flag.String("webhook-cert", "", "the PEM certificate (chain) to serve HTTPS with, on -webhook-port; needs -webhook-key")
+	webhookKey := flag.String("webhook-key", "", "the PEM private key of -webhook-cert")
+	webhookPort := flag.String("webhook-port", "8443", "with -webhook-cert: the HTTPS port (0 picks a free port)")
 	flag.Parse()
+	if (*webhookCert == "") != (*webhookKey == "") {
+		fmt.Fprintln(os.Stderr, "-webhook-cert and -webhook-key go together")
+		os.Exit(2)
+	}
 	if *getURL != "" {
 		if err := getOnce(os.ExpandEnv(*getURL), *bearerFile, *caFile); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -78,25 +90,61 @@ func main() {
 		}()
 	}
 
-	ln, err := net.Listen("tcp", ":"+*port)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
+	// Both listeners are open before the first start line is printed, so that a test that waits for it may
+	// call either port at once.
+	ln := listen(*port)
+	var webhookLn net.Listener
+	if *webhookCert != "" {
+		webhookLn = tlsListener(*webhookPort, *webhookCert, *webhookKey)
 	}
 	var s server
-	srv := &http.Server{Handler: s.handler()}
-	fmt.Println("testserver listening on", ln.Addr())
+	handler := s.handler()
+	servers := []*http.Server{serve("testserver", ln, handler)}
+	if webhookLn != nil {
+		servers = append(servers, serve("testserver webhook", webhookLn, handler))
+	}
+
+	// /exit hands its code over here: Shutdown lets its reply finish before the process ends.
+	code := <-s.exit
+	for _, srv := range servers {
+		_ = srv.Shutdown(context.Background())
+	}
+	os.Exit(code)
+}
+
+// serve prints the start line "NAME listening on ADDR" and serves handler on ln in the background; a failure
+// to serve ends the process.
+func serve(name string, ln net.Listener, handler http.Handler) *http.Server {
+	srv := &http.Server{Handler: handler}
+	fmt.Println(name, "listening on", ln.Addr())
 	go func() {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 	}()
+	return srv
+}
 
-	// /exit hands its code over here: Shutdown lets its reply finish before the process ends.
-	code := <-s.exit
-	_ = srv.Shutdown(context.Background())
-	os.Exit(code)
+// listen opens a TCP listener on all interfaces at port, or exits.
+func listen(port string) net.Listener {
+	ln, err := net.Listen("tcp", ":"+port)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	return ln
+}
+
+// tlsListener is listen with TLS, with the certificate and key in the PEM files certFile and keyFile, or exits.
+// They are read once: a test that changes them restarts the server.
+func tlsListener(port, certFile, keyFile string) net.Listener {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "-webhook-cert, -webhook-key:", err)
+		os.Exit(1)
+	}
+	return tls.NewListener(listen(port), &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 }
 
 // server holds the state the endpoints toggle.
@@ -160,5 +208,6 @@ func (s *server) handler() http.Handler {
 		}
 	})
 	s.client.register(mux)
+	registerWebhook(mux)
 	return mux
 }

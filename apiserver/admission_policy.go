@@ -1,0 +1,126 @@
+package apiserver
+
+import (
+	"fmt"
+	"net/url"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/admission/initializer"
+	validatingpolicy "k8s.io/apiserver/pkg/admission/plugin/policy/validating"
+	webhookinit "k8s.io/apiserver/pkg/admission/plugin/webhook/initializer"
+	"k8s.io/apiserver/pkg/admission/plugin/webhook/mutating"
+	"k8s.io/apiserver/pkg/admission/plugin/webhook/validating"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
+	"k8s.io/apiserver/pkg/util/proxy"
+	"k8s.io/apiserver/pkg/util/webhook"
+	"k8s.io/client-go/discovery/cached/memory"
+	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	basecompatibility "k8s.io/component-base/compatibility"
+	"k8s.io/kubernetes/pkg/kubeapiserver/admission/exclusion"
+)
+
+// policyPlugins are the library's MutatingAdmissionWebhook, ValidatingAdmissionPolicy and
+// ValidatingAdmissionWebhook plugins, as kube-apiserver runs them: configured by the admissionregistration
+// objects (kinds_admissionregistration.go), through this server's informers; webhooks reached through their
+// Service's ready endpoints (the servers route to pod IPs; they run no service proxy), and
+// kubernetes.default through the loopback connection.
+type policyPlugins struct {
+	mutating, policy, validating admission.Interface
+}
+
+func newPolicyPlugins(loopback *rest.Config, client kubernetes.Interface, factory informers.SharedInformerFactory, authz authorizer.Authorizer,
+	version basecompatibility.EffectiveVersion, drained <-chan struct{}) (*policyPlugins, error) {
+	dynamicClient, err := dynamic.NewForConfig(loopback)
+	if err != nil {
+		return nil, err
+	}
+	// paramKinds resolve through discovery, which is cached and, as kube-apiserver does, forgotten every
+	// 30 s, so that kinds served later are found.
+	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(client.Discovery()))
+	go func() {
+		for {
+			select {
+			case <-drained:
+				return
+			case <-time.After(30 * time.Second):
+				mapper.Reset()
+			}
+		}
+	}()
+	services, err := newServiceResolver(loopback, factory)
+	if err != nil {
+		return nil, err
+	}
+	initializers := admission.PluginInitializers{
+		initializer.New(client, dynamicClient, factory, authz, utilfeature.DefaultFeatureGate, version, drained, mapper),
+		webhookinit.NewPluginInitializer(webhook.NewDefaultAuthenticationInfoResolverWrapper(nil, nil, loopback, nil), services),
+	}
+	out := &policyPlugins{}
+	mutatingPlugin, err := mutating.NewMutatingWebhook(nil)
+	if err != nil {
+		return nil, err
+	}
+	policyPlugin, err := validatingpolicy.NewPlugin(nil)
+	if err != nil {
+		return nil, err
+	}
+	validatingPlugin, err := validating.NewValidatingAdmissionWebhook(nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, p := range []struct {
+		name   string
+		plugin admission.Interface
+		into   *admission.Interface
+	}{{mutating.PluginName, mutatingPlugin, &out.mutating}, {validatingpolicy.PluginName, policyPlugin, &out.policy}, {validating.PluginName, validatingPlugin, &out.validating}} {
+		initializers.Initialize(p.plugin)
+		// Reviews of access (TokenReviews, SubjectAccessReviews) are never sent to webhooks or policies.
+		if e, ok := p.plugin.(interface {
+			SetExcludedAdmissionResources([]schema.GroupResource)
+		}); ok {
+			e.SetExcludedAdmissionResources(exclusion.Excluded())
+		}
+		if err := admission.ValidateInitialization(p.plugin); err != nil {
+			return nil, fmt.Errorf("%s: %w", p.name, err)
+		}
+		*p.into = p.plugin
+	}
+	return out, nil
+}
+
+// serviceResolver finds a webhook Service's endpoint for the servers: a ready endpoint of the Service's
+// port, from the EndpointSlices, as kube-apiserver's endpoint routing does (kube-aggregator's
+// NewEndpointServiceResolver). The webhook client still verifies the certificate for <service>.<namespace>.svc.
+type serviceResolver struct {
+	services corelisters.ServiceLister
+	slices   proxy.EndpointSliceGetter
+	loopback *url.URL
+}
+
+func newServiceResolver(loopback *rest.Config, factory informers.SharedInformerFactory) (*serviceResolver, error) {
+	slices, err := proxy.NewEndpointSliceIndexerGetter(factory.Discovery().V1().EndpointSlices())
+	if err != nil {
+		return nil, err
+	}
+	host, err := url.Parse(loopback.Host)
+	if err != nil {
+		return nil, err
+	}
+	return &serviceResolver{services: factory.Core().V1().Services().Lister(), slices: slices, loopback: host}, nil
+}
+
+// ResolveEndpoint is webhook.ServiceResolver.
+func (r *serviceResolver) ResolveEndpoint(namespace, name string, port int32) (*url.URL, error) {
+	if namespace == "default" && name == "kubernetes" && port == 443 {
+		return &url.URL{Scheme: "https", Host: r.loopback.Host}, nil
+	}
+	return proxy.ResolveEndpoint(r.services, r.slices, namespace, name, port)
+}

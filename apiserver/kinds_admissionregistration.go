@@ -1,0 +1,112 @@
+package apiserver
+
+import (
+	"context"
+	"fmt"
+
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
+	"k8s.io/kubernetes/pkg/apis/admissionregistration"
+	kubeadmissionregistrationv1 "k8s.io/kubernetes/pkg/apis/admissionregistration/v1"
+	"k8s.io/kubernetes/pkg/registry/admissionregistration/mutatingwebhookconfiguration"
+	"k8s.io/kubernetes/pkg/registry/admissionregistration/resolver"
+	"k8s.io/kubernetes/pkg/registry/admissionregistration/validatingadmissionpolicy"
+	"k8s.io/kubernetes/pkg/registry/admissionregistration/validatingadmissionpolicybinding"
+	"k8s.io/kubernetes/pkg/registry/admissionregistration/validatingwebhookconfiguration"
+)
+
+// Admission configuration, admissionregistration.k8s.io/v1: mutating and validating webhook configurations,
+// ValidatingAdmissionPolicies and their bindings, with kube's registry strategies and validation (webhook
+// rules, CEL expressions compiled at write, paramKind authorization) through the converting adapter
+// (kubestrategy.go). The library's admission plugins enforce them (admission_policy.go).
+
+func init() {
+	utilruntime.Must(admissionregistration.AddToScheme(kubeScheme))
+	utilruntime.Must(kubeadmissionregistrationv1.AddToScheme(kubeScheme))
+}
+
+var (
+	validatingWebhookConfigurationStrategies = &kubeStrategies{
+		internal: func() runtime.Object { return &admissionregistration.ValidatingWebhookConfiguration{} },
+		main:     validatingwebhookconfiguration.Strategy,
+	}
+	mutatingWebhookConfigurationStrategies = &kubeStrategies{
+		internal: func() runtime.Object { return &admissionregistration.MutatingWebhookConfiguration{} },
+		main:     mutatingwebhookconfiguration.Strategy,
+	}
+)
+
+// serverDeps are what some of kube's strategies need of the server they run in, so their kinds get them per
+// server (kind.kubeFor).
+type serverDeps struct {
+	authorizer authorizer.Authorizer
+	// resources resolves a paramKind's kind to its resource (discovery through the loopback client).
+	resources resolver.ResourceResolver
+	// policies reads a stored ValidatingAdmissionPolicy, for the checks on a binding's paramRef.
+	policies func(ctx context.Context, name string) (runtime.Object, error)
+}
+
+func admissionPolicyStrategies(d serverDeps) *kubeStrategies {
+	main := validatingadmissionpolicy.NewStrategy(d.authorizer, d.resources)
+	return &kubeStrategies{
+		internal:     func() runtime.Object { return &admissionregistration.ValidatingAdmissionPolicy{} },
+		main:         main,
+		subresources: map[string]kubeStrategy{"status": validatingadmissionpolicy.NewStatusStrategy(main)},
+	}
+}
+
+func admissionPolicyBindingStrategies(d serverDeps) *kubeStrategies {
+	return &kubeStrategies{
+		internal: func() runtime.Object { return &admissionregistration.ValidatingAdmissionPolicyBinding{} },
+		main:     validatingadmissionpolicybinding.NewStrategy(d.authorizer, policyGetter(d.policies), d.resources),
+	}
+}
+
+// policyGetter gives kube's binding strategy the policy a binding names, in kube's internal form.
+type policyGetter func(ctx context.Context, name string) (runtime.Object, error)
+
+func (g policyGetter) GetValidatingAdmissionPolicy(ctx context.Context, name string) (*admissionregistration.ValidatingAdmissionPolicy, error) {
+	obj, err := g(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	var out admissionregistration.ValidatingAdmissionPolicy
+	if err := kubeScheme.Convert(obj, &out, nil); err != nil {
+		return nil, fmt.Errorf("converting ValidatingAdmissionPolicy %s: %w", name, err)
+	}
+	return &out, nil
+}
+
+// webhookConfigurationColumns are `kubectl get validatingwebhookconfigurations`' columns, and the mutating
+// ones': NAME, WEBHOOKS, AGE.
+var webhookConfigurationColumns = []column{nameColumn, {name: "Webhooks", typ: "integer", value: func(obj runtime.Object) any {
+	switch c := obj.(type) {
+	case *admissionregistrationv1.ValidatingWebhookConfiguration:
+		return int64(len(c.Webhooks))
+	case *admissionregistrationv1.MutatingWebhookConfiguration:
+		return int64(len(c.Webhooks))
+	}
+	return int64(0)
+}}, ageColumn}
+
+// admissionPolicyColumns are `kubectl get validatingadmissionpolicies`' columns.
+var admissionPolicyColumns = []column{nameColumn, {name: "Validations", typ: "integer", value: func(obj runtime.Object) any {
+	return int64(len(obj.(*admissionregistrationv1.ValidatingAdmissionPolicy).Spec.Validations))
+}}, {name: "ParamKind", typ: "string", value: func(obj runtime.Object) any {
+	if pk := obj.(*admissionregistrationv1.ValidatingAdmissionPolicy).Spec.ParamKind; pk != nil {
+		return pk.APIVersion + "/" + pk.Kind
+	}
+	return "<unset>"
+}}, ageColumn}
+
+// admissionPolicyBindingColumns are `kubectl get validatingadmissionpolicybindings`' columns.
+var admissionPolicyBindingColumns = []column{nameColumn, {name: "PolicyName", typ: "string", value: func(obj runtime.Object) any {
+	return obj.(*admissionregistrationv1.ValidatingAdmissionPolicyBinding).Spec.PolicyName
+}}, {name: "ParamRef", typ: "string", value: func(obj runtime.Object) any {
+	if ref := obj.(*admissionregistrationv1.ValidatingAdmissionPolicyBinding).Spec.ParamRef; ref != nil {
+		return ref.Namespace + "/" + ref.Name
+	}
+	return "<unset>"
+}}, ageColumn}
