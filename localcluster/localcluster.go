@@ -184,6 +184,16 @@ func run(args ...string) error {
 	return nil
 }
 
+// deleteLink removes a network link; one already gone is not an error. The kernel may free a veth whose
+// namespace just went away between ip's lookup ("Cannot find device") and its delete ("No such device").
+func deleteLink(name string) error {
+	err := run("ip", "link", "del", name)
+	if err != nil && (strings.Contains(err.Error(), "Cannot find device") || strings.Contains(err.Error(), "No such device")) {
+		return nil
+	}
+	return err
+}
+
 // inNetns is the command line that runs args in the host's network namespace and nothing else: unlike
 // `ip netns exec`, nsenter keeps the mount namespace, so /sys/fs/cgroup stays visible to containerd and runc.
 func (h *Host) inNetns(args ...string) []string {
@@ -548,11 +558,11 @@ func Down(dir string) error {
 		}
 		// The namespace may outlive its name for a while (the kernel frees it when the last reference
 		// goes); deleting the host end of the veth removes the pair now.
-		if err := run("ip", "link", "del", h.Veth); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+		if err := deleteLink(h.Veth); err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if err := run("ip", "link", "del", st.Bridge); err != nil && !strings.Contains(err.Error(), "Cannot find device") {
+	if err := deleteLink(st.Bridge); err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
