@@ -48,14 +48,22 @@ func runGarbageCollector(ctx context.Context, c *Clients) {
 // kindResource maps an owner reference's apiVersion and kind to the resource that serves it.
 type kindResource map[schema.GroupVersionKind]schema.GroupVersionResource
 
-func gcRound(ctx context.Context, c *Clients) error {
+// gcSnapshot is one reading of every object's metadata.
+type gcSnapshot struct {
+	kinds   kindResource
+	objects []*gcObject
+	byUID   map[types.UID]*gcObject
+}
+
+// readGraph lists the metadata of every resource that can be listed, patched and deleted. With
+// resourceVersion "0" the lists come from the watch cache, each as fresh as its own cache; with "" each is
+// a consistent read.
+func readGraph(ctx context.Context, c *Clients, resourceVersion string) (*gcSnapshot, error) {
 	lists, err := c.Discovery.ServerPreferredResources()
 	if err != nil && len(lists) == 0 {
-		return err
+		return nil, err
 	}
-	kinds := kindResource{}
-	var objects []*gcObject
-	byUID := map[types.UID]*gcObject{}
+	g := &gcSnapshot{kinds: kindResource{}, byUID: map[types.UID]*gcObject{}}
 	for _, l := range lists {
 		gv, err := schema.ParseGroupVersion(l.GroupVersion)
 		if err != nil {
@@ -63,21 +71,48 @@ func gcRound(ctx context.Context, c *Clients) error {
 		}
 		for _, r := range l.APIResources {
 			gvr := gv.WithResource(r.Name)
-			kinds[gv.WithKind(r.Kind)] = gvr
+			g.kinds[gv.WithKind(r.Kind)] = gvr
 			if !hasVerbs(r.Verbs, "list", "delete", "patch") {
 				continue
 			}
-			list, err := c.Metadata.Resource(gvr).List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+			list, err := c.Metadata.Resource(gvr).List(ctx, metav1.ListOptions{ResourceVersion: resourceVersion})
 			if err != nil {
 				continue
 			}
 			for i := range list.Items {
 				o := &gcObject{gvr: gvr, meta: list.Items[i]}
-				objects = append(objects, o)
-				byUID[o.meta.UID] = o
+				g.objects = append(g.objects, o)
+				g.byUID[o.meta.UID] = o
 			}
 		}
 	}
+	return g, nil
+}
+
+// finalizing reports whether an object waits for the collector to orphan or delete its dependents.
+func finalizing(o *gcObject) bool {
+	return o.meta.DeletionTimestamp != nil &&
+		(hasFinalizer(o, metav1.FinalizerOrphanDependents) || hasFinalizer(o, metav1.FinalizerDeleteDependents))
+}
+
+func gcRound(ctx context.Context, c *Clients) error {
+	g, err := readGraph(ctx, c, "0")
+	if err != nil {
+		return err
+	}
+	// The cached lists are each as fresh as their own cache: the pods may have been read before a pod was
+	// created and its owner's deletion after. Orphaning by such a reading would drop the owner's finalizer
+	// without touching the new pod, which would then be collected as an orphan. So an owner's finalizer is
+	// only ever handled on consistent reads, all made after its deletion was seen.
+	for _, o := range g.objects {
+		if finalizing(o) {
+			if g, err = readGraph(ctx, c, ""); err != nil {
+				return err
+			}
+			break
+		}
+	}
+	objects, byUID, kinds := g.objects, g.byUID, g.kinds
 	dependents := map[types.UID][]*gcObject{}
 	for _, o := range objects {
 		for _, ref := range o.meta.OwnerReferences {
