@@ -40,8 +40,16 @@ func TestFaults(t *testing.T) {
 	t.Logf("seed %d", seed)
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%-22s %10s %10s %10s\n", "FAULT", "INJECT", "HEAL", "HEALTHY")
+	// A test that dies on go test's -timeout runs no cleanup and would leave the cluster running, so the
+	// faults stop while there is time left for the slowest one (8 minutes) and the cluster's teardown.
+	deadline, bounded := t.Deadline()
+rounds:
 	for r := range repeat {
 		for i, f := range Faults {
+			if bounded && time.Until(deadline) < 10*time.Minute {
+				t.Errorf("%v left before the test's deadline (-timeout): %s and the faults after it are not run", time.Until(deadline).Round(time.Second), f.Name)
+				break rounds
+			}
 			t.Run(f.Name, func(t *testing.T) {
 				var tm faultTiming
 				defer func() {
