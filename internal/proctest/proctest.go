@@ -101,6 +101,11 @@ type Cluster struct {
 	t     testing.TB
 	bin   string
 	Procs []*Proc
+	// What every server's HCL shares, for servers Add writes later.
+	base   string
+	expect int
+	joins  []string
+	extra  string
 }
 
 // NewCluster writes the HCL files of n servers on 127.0.0.1..n that join each other with bootstrap_expect n.
@@ -121,22 +126,57 @@ func NewClusterFrom(t testing.TB, first, n int, extraServerHCL string) *Cluster 
 		ips = append(ips, fmt.Sprintf("127.0.0.%d", i))
 	}
 	ports := freeport.Take(t, ips, 3)
-	var joins []string
+	c := &Cluster{t: t, bin: Binary(t), base: t.TempDir(), expect: n, extra: extraServerHCL}
 	for _, ip := range ips {
-		joins = append(joins, fmt.Sprintf("%q", fmt.Sprintf("%s:%d", ip, ports[2])))
+		c.joins = append(c.joins, fmt.Sprintf("%q", fmt.Sprintf("%s:%d", ip, ports[2])))
 	}
-	c := &Cluster{t: t, bin: Binary(t)}
-	if !tokenLine.MatchString(extraServerHCL) {
-		extraServerHCL = fmt.Sprintf("token = %q\n", randomToken()) + extraServerHCL
+	if !tokenLine.MatchString(c.extra) {
+		c.extra = fmt.Sprintf("token = %q\n", randomToken()) + c.extra
 	}
-	base := t.TempDir()
 	for i, ip := range ips {
-		p := &Proc{Name: fmt.Sprintf("cp-%d", first+i), IP: ip, Dir: filepath.Join(base, fmt.Sprintf("cp-%d", first+i))}
-		p.Config = filepath.Join(base, p.Name+".hcl")
-		p.RaftAddr = fmt.Sprintf("%s:%d", ip, ports[1])
-		p.GossipAddr = fmt.Sprintf("%s:%d", ip, ports[2])
-		p.logPath = filepath.Join(base, p.Name+".log")
-		hcl := fmt.Sprintf(`name      = %q
+		c.Procs = append(c.Procs, c.newProc(fmt.Sprintf("cp-%d", first+i), ip, ports))
+	}
+	t.Cleanup(func() {
+		for _, p := range c.Procs {
+			c.Kill(p)
+		}
+		if t.Failed() {
+			for _, p := range c.Procs {
+				if data, err := os.ReadFile(p.logPath); err == nil {
+					t.Logf("--- %s log (tail) ---\n%s", p.Name, tail(data, 4000))
+				}
+			}
+		}
+	})
+	return c
+}
+
+// Add writes the HCL of one more server, on the loopback address after the last one's, which joins the
+// others with the cluster's bootstrap_expect (a replacement, say); Start starts it.
+func (c *Cluster) Add() *Proc {
+	c.t.Helper()
+	last := c.Procs[len(c.Procs)-1]
+	var a, b, d, n int
+	if _, err := fmt.Sscanf(last.IP, "%d.%d.%d.%d", &a, &b, &d, &n); err != nil {
+		c.t.Fatalf("address %s: %v", last.IP, err)
+	}
+	ip := fmt.Sprintf("%d.%d.%d.%d", a, b, d, n+1)
+	var num int
+	fmt.Sscanf(last.Name, "cp-%d", &num)
+	p := c.newProc(fmt.Sprintf("cp-%d", num+1), ip, freeport.Take(c.t, []string{ip}, 3))
+	c.Procs = append(c.Procs, p)
+	return p
+}
+
+// newProc writes the HCL of server name on ip with ports api, raft and gossip.
+func (c *Cluster) newProc(name, ip string, ports []int) *Proc {
+	c.t.Helper()
+	p := &Proc{Name: name, IP: ip, Dir: filepath.Join(c.base, name)}
+	p.Config = filepath.Join(c.base, p.Name+".hcl")
+	p.RaftAddr = fmt.Sprintf("%s:%d", ip, ports[1])
+	p.GossipAddr = fmt.Sprintf("%s:%d", ip, ports[2])
+	p.logPath = filepath.Join(c.base, p.Name+".log")
+	hcl := fmt.Sprintf(`name      = %q
 data_dir  = %q
 bind_addr = %q
 log_level = "info"
@@ -152,25 +192,11 @@ server {
   server_stabilization_time = "2s"
 %s
 }
-`, p.Name, p.Dir, ip, ports[0], ports[1], ports[2], n, strings.Join(joins, ", "), extraServerHCL)
-		if err := os.WriteFile(p.Config, []byte(hcl), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		c.Procs = append(c.Procs, p)
+`, p.Name, p.Dir, ip, ports[0], ports[1], ports[2], c.expect, strings.Join(c.joins, ", "), c.extra)
+	if err := os.WriteFile(p.Config, []byte(hcl), 0o600); err != nil {
+		c.t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		for _, p := range c.Procs {
-			c.Kill(p)
-		}
-		if t.Failed() {
-			for _, p := range c.Procs {
-				if data, err := os.ReadFile(p.logPath); err == nil {
-					t.Logf("--- %s log (tail) ---\n%s", p.Name, tail(data, 4000))
-				}
-			}
-		}
-	})
-	return c
+	return p
 }
 
 func tail(b []byte, n int) []byte {
