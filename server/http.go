@@ -19,14 +19,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/component-base/metrics/legacyregistry"
 
+	"github.com/skiff-dev/skiff/apiserver/raftstore"
 	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/internal/join"
 	"github.com/skiff-dev/skiff/internal/version"
-	"github.com/skiff-dev/skiff/raftnode"
 )
 
 // PeerInfo is one row of `skiff operator raft list-peers`.
@@ -174,18 +175,20 @@ func writeJSON(w http.ResponseWriter, v any) {
 	json.NewEncoder(w).Encode(v)
 }
 
-// writeError maps errors of the Raft layer to HTTP.
+// writeError maps errors of the Raft layer to HTTP as the API's storage maps them
+// (raftstore.MapBackendError), and a snapshot that cannot be restored to 400.
 func writeError(w http.ResponseWriter, err error) {
-	switch {
-	case errors.Is(err, raftnode.ErrUnknownOutcome):
-		writeStatus(w, http.StatusGatewayTimeout, "Timeout", err.Error())
-	case errors.Is(err, raftnode.ErrNoLeader), errors.Is(err, raftnode.ErrNotLeader), errors.Is(err, raftnode.ErrShutdown):
-		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", err.Error())
-	case errors.Is(err, fsm.ErrCorruptSnapshot), errors.Is(err, fsm.ErrNewerSnapshot):
+	if errors.Is(err, fsm.ErrCorruptSnapshot) || errors.Is(err, fsm.ErrNewerSnapshot) {
 		writeStatus(w, http.StatusBadRequest, "BadRequest", err.Error())
-	default:
-		writeStatus(w, http.StatusInternalServerError, "InternalError", err.Error())
+		return
 	}
+	var status apierrors.APIStatus
+	if errors.As(raftstore.MapBackendError(err), &status) {
+		st := status.Status()
+		writeStatus(w, int(st.Code), string(st.Reason), st.Message)
+		return
+	}
+	writeStatus(w, http.StatusInternalServerError, "InternalError", err.Error())
 }
 
 // onLeader runs h on the leader: a follower proxies the request to the leader's API address, found in gossip.

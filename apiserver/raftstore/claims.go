@@ -44,7 +44,7 @@ func NewClaims(b Backend, prefix string) *Claims {
 func (c *Claims) Claim(ctx context.Context, name, holder string) (created bool, err error) {
 	res, err := c.backend.Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: c.prefix + name, Value: []byte(holder)})
 	if err != nil {
-		return false, mapBackendError(err)
+		return false, MapBackendError(err)
 	}
 	if !errors.Is(res.Err(), fsm.ErrAlreadyExists) {
 		return res.Err() == nil, res.Err()
@@ -66,7 +66,7 @@ func (c *Claims) Claim(ctx context.Context, name, holder string) (created bool, 
 
 // Release frees name if holder still has it. It is idempotent.
 func (c *Claims) Release(ctx context.Context, name, holder string) error {
-	if err := mapBackendError(c.backend.LinearizableRead(ctx)); err != nil {
+	if err := MapBackendError(c.backend.LinearizableRead(ctx)); err != nil {
 		return err
 	}
 	kv, _, err := c.backend.Store().Get(c.prefix + name)
@@ -77,7 +77,7 @@ func (c *Claims) Release(ctx context.Context, name, holder string) error {
 	}
 	res, err := c.backend.Apply(ctx, &fsm.Command{Type: fsm.CmdDelete, Key: c.prefix + name, ExpectedModRevision: kv.ModRevision})
 	if err != nil {
-		return mapBackendError(err)
+		return MapBackendError(err)
 	}
 	if errors.Is(res.Err(), fsm.ErrConflict) || errors.Is(res.Err(), fsm.ErrNotFound) {
 		return nil // released, or released and claimed again, meanwhile: no longer this holder's to free
@@ -100,5 +100,5 @@ func (c *Claims) waitApplied(ctx context.Context, rev int64) error {
 	if c.backend.Store().Revision() >= rev {
 		return nil
 	}
-	return mapBackendError(c.backend.LinearizableRead(ctx))
+	return MapBackendError(c.backend.LinearizableRead(ctx))
 }

@@ -125,14 +125,14 @@ func (s *Store) prepareKey(key string, recursive bool) (string, error) {
 // apply proposes a command and maps the Raft layer's errors to API errors.
 func (s *Store) apply(ctx context.Context, cmd *fsm.Command) (fsm.Result, error) {
 	res, err := s.backend.Apply(ctx, cmd)
-	return res, mapBackendError(err)
+	return res, MapBackendError(err)
 }
 
-// mapBackendError turns "no leader" (the request certainly did nothing) into 503 with Retry-After, and
+// MapBackendError turns "no leader" (the request certainly did nothing) into 503 with Retry-After, and
 // "outcome unknown" into a 504 timeout without one, as kube-apiserver answers a write that timed out.
 // client-go resends any request answered 5xx with a Retry-After header: resent, a write that took effect
 // would fail with 409 or 404, and its client would believe it never happened.
-func mapBackendError(err error) error {
+func MapBackendError(err error) error {
 	switch {
 	case err == nil:
 		return nil
@@ -154,7 +154,7 @@ func mapBackendError(err error) error {
 func (s *Store) readAt(ctx context.Context, resourceVersion string) error {
 	switch resourceVersion {
 	case "":
-		return mapBackendError(s.backend.LinearizableRead(ctx))
+		return MapBackendError(s.backend.LinearizableRead(ctx))
 	case "0":
 		return nil
 	}
@@ -540,7 +540,7 @@ func (s *Store) ReadinessCheck() error { return nil }
 
 // GetCurrentResourceVersion implements storage.Interface: the store's revision after a linearizable read.
 func (s *Store) GetCurrentResourceVersion(ctx context.Context) (uint64, error) {
-	if err := mapBackendError(s.backend.LinearizableRead(ctx)); err != nil {
+	if err := MapBackendError(s.backend.LinearizableRead(ctx)); err != nil {
 		return 0, err
 	}
 	rev := s.backend.Store().Revision()

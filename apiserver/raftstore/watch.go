@@ -68,7 +68,7 @@ func (s *Store) Watch(ctx context.Context, key string, opts storage.ListOptions)
 	var initial []*fsm.KeyValue
 	if rev == 0 || initialEvents {
 		// A fresh watch starts at the latest revision, read linearizably, as etcd's would.
-		if err := mapBackendError(s.backend.LinearizableRead(ctx)); err != nil {
+		if err := MapBackendError(s.backend.LinearizableRead(ctx)); err != nil {
 			return nil, err
 		}
 	}
