@@ -74,6 +74,22 @@ spec:
 		if row := strings.Fields(k.ok("get", "job", "hello", "--no-headers")); row[1] != "Complete" || row[2] != "1/1" {
 			t.Fatalf("kubectl get job hello: %v", row)
 		}
+		// The finished pod's log stays until the pod is deleted, as the kubelet keeps it; then it goes.
+		if out := k.ok("logs", "job/hello"); !strings.Contains(out, "hello from a job") {
+			t.Fatalf("kubectl logs job/hello: %q", out)
+		}
+		uid := k.ok("get", "pods", "-l", "job-name=hello", "-o", "jsonpath={.items[0].metadata.uid}")
+		podDir := filepath.Join(agent.dataDir, "pods", uid)
+		if _, err := os.Stat(filepath.Join(podDir, "logs")); err != nil {
+			t.Fatalf("the finished pod's logs: %v", err)
+		}
+		k.ok("delete", "pods", "-l", "job-name=hello")
+		proctest.WaitFor(t, "the deleted pod's directory removed", 30*time.Second, func() error {
+			if _, err := os.Stat(podDir); !os.IsNotExist(err) {
+				return fmt.Errorf("%s: %v", podDir, err)
+			}
+			return nil
+		})
 		// A run now from a (suspended) CronJob's template.
 		k.ok("create", "cronjob", "later", "--image="+busybox, "--schedule=@yearly", "--", "true")
 		k.ok("patch", "cronjob", "later", "-p", `{"spec":{"suspend":true}}`)

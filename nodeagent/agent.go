@@ -58,7 +58,9 @@ type Agent struct {
 	// running is the last version of each pod the runtime was asked to run, by namespace/name, so that a
 	// pod that vanished (force-deleted) or was replaced (same name, new UID) is still stopped.
 	running map[string]*corev1.Pod
-	wg      sync.WaitGroup
+	// finished holds the finished pods whose containers' logs the runtime keeps until the pod is gone.
+	finished map[string]*corev1.Pod
+	wg       sync.WaitGroup
 	// statusWrites bounds the concurrent status writes, so that thousands of pods starting at once (a
 	// simulated node's, say) queue here rather than at the servers' in-flight limit.
 	statusWrites chan struct{}
@@ -72,7 +74,7 @@ type podWorker struct {
 // New builds an agent.
 func New(cfg *config.Agent, logger hclog.Logger) (*Agent, error) {
 	a := &Agent{cfg: cfg, logger: logger, nodes: map[string]bool{}, workers: map[string]*podWorker{},
-		running: map[string]*corev1.Pod{}, statusWrites: make(chan struct{}, 16), facts: newClusterFacts()}
+		running: map[string]*corev1.Pod{}, finished: map[string]*corev1.Pod{}, statusWrites: make(chan struct{}, 16), facts: newClusterFacts()}
 	if err := validateDNS(cfg); err != nil {
 		return nil, err
 	}
@@ -437,6 +439,17 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 		}
 		a.setRunning(key, nil)
 	}
+	a.mu.Lock()
+	done := a.finished[key]
+	a.mu.Unlock()
+	if done != nil && (!exists || obj.(*corev1.Pod).UID != done.UID) {
+		// The logs a finished pod kept go with it (the API deletes a finished pod at once, with no grace).
+		gone := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: done.UID, Name: done.Name, Namespace: done.Namespace}}
+		if err := a.runtime.KillPod(ctx, gone, func() time.Duration { return 0 }); err != nil {
+			return false, err
+		}
+		a.setFinished(key, nil)
+	}
 	if !exists {
 		return true, nil
 	}
@@ -459,6 +472,7 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 			return false, err
 		}
 		a.setRunning(key, nil)
+		a.setFinished(key, pod)
 		return false, nil
 	}
 	a.setRunning(key, pod)
@@ -490,11 +504,13 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 		return false, err
 	}
 	if status.Phase == corev1.PodSucceeded || status.Phase == corev1.PodFailed {
-		// Finished: its containers and sandbox go now; the status stays for the user.
-		if err := a.runtime.KillPod(ctx, pod, func() time.Duration { return 0 }); err != nil {
+		// Finished: its containers and sandbox go now; the status and the containers' logs stay for the
+		// user until the pod is deleted.
+		if err := a.runtime.KillPod(ctx, updated, func() time.Duration { return 0 }); err != nil {
 			return false, err
 		}
 		a.setRunning(key, nil)
+		a.setFinished(key, updated)
 		return false, nil
 	}
 	return false, syncErr
@@ -522,6 +538,16 @@ func (a *Agent) setRunning(key string, pod *corev1.Pod) {
 		return
 	}
 	a.running[key] = pod
+}
+
+func (a *Agent) setFinished(key string, pod *corev1.Pod) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if pod == nil {
+		delete(a.finished, key)
+		return
+	}
+	a.finished[key] = pod
 }
 
 // apiObjects reads the ConfigMaps and Secrets that pods refer to from the API.

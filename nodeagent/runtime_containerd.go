@@ -661,7 +661,35 @@ func (r *containerdRuntime) KillPod(ctx context.Context, pod *corev1.Pod, grace 
 	if err := teardownVolumes(r.podDir(pod)); err != nil {
 		return err
 	}
+	if finished(pod) {
+		// As the kubelet keeps a finished pod's dead containers: `kubectl logs` of a completed Job's pod
+		// works until the pod is deleted.
+		return removeAllBut(r.podDir(pod), "logs")
+	}
 	return os.RemoveAll(r.podDir(pod))
+}
+
+// finished reports whether a pod has run to its end and is not being deleted.
+func finished(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp == nil && (pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed)
+}
+
+// removeAllBut removes everything in dir except the entry named keep.
+func removeAllBut(dir, keep string) error {
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.Name() != keep {
+			errs = append(errs, os.RemoveAll(filepath.Join(dir, e.Name())))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // removeAll kills every running container of the pod in parallel, then removes all of them and the sandbox.
@@ -764,6 +792,21 @@ func (r *containerdRuntime) Cleanup(ctx context.Context, keep func(uid types.UID
 		}()
 	}
 	wg.Wait()
+	// What finished pods deleted while the agent was down kept: their logs.
+	dirs, err := os.ReadDir(filepath.Join(r.cfg.DataDir, "pods"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		errs = append(errs, err)
+	}
+	for _, d := range dirs {
+		if uid := types.UID(d.Name()); !keep(uid) {
+			dir := r.podDir(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: uid}})
+			if err := teardownVolumes(dir); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			errs = append(errs, os.RemoveAll(dir))
+		}
+	}
 	return errors.Join(errs...)
 }
 
