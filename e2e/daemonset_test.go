@@ -118,12 +118,10 @@ func (u *unavailableNodes) result() int {
 	return u.worst
 }
 
-// TestDaemonSetOnSimulatedNodes runs a server process and a simulated agent hosting three nodes, and drives
-// DaemonSets with the stock kubectl: one Running pod on each node; a tainted node gets none unless the
-// DaemonSet tolerates the taint; `kubectl set image` rolls the pods one node at a time, which `kubectl
-// rollout status` follows; `kubectl rollout history` lists the ControllerRevisions and `kubectl rollout
-// undo` goes back to the first template.
-func TestDaemonSetOnSimulatedNodes(t *testing.T) {
+// simulatedCluster starts one server process and a simulated agent hosting nodes nodes (2 CPUs, 4 GiB each),
+// and waits until the nodes are Ready and the default service account exists; it skips without kubectl.
+func simulatedCluster(t *testing.T, nodes int) kubectl {
+	t.Helper()
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}
@@ -133,13 +131,13 @@ func TestDaemonSetOnSimulatedNodes(t *testing.T) {
 	k.waitForAPI("default")
 	startAgent(t, "sim", apiAddr(t, k.kubeconfig), joinToken, fmt.Sprintf(`  runtime = "simulated"
   simulated {
-    nodes      = 3
+    nodes      = %d
     cpu        = "2"
     memory     = "4Gi"
     kubeconfig = %q
-  }`, k.kubeconfig))
-	proctest.WaitFor(t, "three Ready nodes", 60*time.Second, func() error {
-		if out := k.ok("get", "nodes", "--no-headers"); strings.Count(out, " Ready ") != 3 {
+  }`, nodes, k.kubeconfig))
+	proctest.WaitFor(t, fmt.Sprintf("%d Ready nodes", nodes), 60*time.Second, func() error {
+		if out := k.ok("get", "nodes", "--no-headers"); strings.Count(out, " Ready ") != nodes {
 			return fmt.Errorf("not yet:\n%s", out)
 		}
 		return nil
@@ -148,6 +146,16 @@ func TestDaemonSetOnSimulatedNodes(t *testing.T) {
 		_, err := k.run("get", "serviceaccount", "default")
 		return err
 	})
+	return k
+}
+
+// TestDaemonSetOnSimulatedNodes runs a server process and a simulated agent hosting three nodes, and drives
+// DaemonSets with the stock kubectl: one Running pod on each node; a tainted node gets none unless the
+// DaemonSet tolerates the taint; `kubectl set image` rolls the pods one node at a time, which `kubectl
+// rollout status` follows; `kubectl rollout history` lists the ControllerRevisions and `kubectl rollout
+// undo` goes back to the first template.
+func TestDaemonSetOnSimulatedNodes(t *testing.T) {
+	k := simulatedCluster(t, 3)
 	k.ok("taint", "node", "sim-2", "dedicated=infra:NoSchedule")
 	dir := t.TempDir()
 	apply := func(name, extra string) {

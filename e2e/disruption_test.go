@@ -3,10 +3,8 @@ package e2e
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -47,30 +45,7 @@ spec:
 // pdb` and `describe pdb` show the disruption controller's status (one disruption allowed), and `kubectl
 // drain` evicts one pod only, reporting the budget for the others until its timeout.
 func TestDrainHonoursDisruptionBudget(t *testing.T) {
-	if _, err := exec.LookPath("kubectl"); err != nil {
-		t.Skip("kubectl not installed")
-	}
-	c := proctest.NewCluster(t, 1, fmt.Sprintf("token = %q", joinToken))
-	c.Start(c.Procs[0])
-	k := kubectl{t: t, kubeconfig: c.Procs[0].Kubeconfig()}
-	k.waitForAPI("default")
-	startAgent(t, "sim", apiAddr(t, k.kubeconfig), joinToken, fmt.Sprintf(`  runtime = "simulated"
-  simulated {
-    nodes      = 1
-    cpu        = "2"
-    memory     = "4Gi"
-    kubeconfig = %q
-  }`, k.kubeconfig))
-	proctest.WaitFor(t, "a Ready node", 60*time.Second, func() error {
-		if out := k.ok("get", "nodes", "--no-headers"); strings.Count(out, " Ready ") != 1 {
-			return fmt.Errorf("not yet:\n%s", out)
-		}
-		return nil
-	})
-	proctest.WaitFor(t, "the default service account", 30*time.Second, func() error {
-		_, err := k.run("get", "serviceaccount", "default")
-		return err
-	})
+	k := simulatedCluster(t, 1)
 	path := filepath.Join(t.TempDir(), "web.yaml")
 	if err := os.WriteFile(path, []byte(budgetedDeployment), 0o600); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -56,30 +55,7 @@ spec:
 // lists the revisions and `kubectl rollout undo` goes back to the first template; `kubectl scale` to 2
 // removes web-2.
 func TestStatefulSetOnSimulatedNodes(t *testing.T) {
-	if _, err := exec.LookPath("kubectl"); err != nil {
-		t.Skip("kubectl not installed")
-	}
-	c := proctest.NewCluster(t, 1, fmt.Sprintf("token = %q", joinToken))
-	c.Start(c.Procs[0])
-	k := kubectl{t: t, kubeconfig: c.Procs[0].Kubeconfig()}
-	k.waitForAPI("default")
-	startAgent(t, "sim", apiAddr(t, k.kubeconfig), joinToken, fmt.Sprintf(`  runtime = "simulated"
-  simulated {
-    nodes      = 2
-    cpu        = "2"
-    memory     = "4Gi"
-    kubeconfig = %q
-  }`, k.kubeconfig))
-	proctest.WaitFor(t, "two Ready nodes", 60*time.Second, func() error {
-		if out := k.ok("get", "nodes", "--no-headers"); strings.Count(out, " Ready ") != 2 {
-			return fmt.Errorf("not yet:\n%s", out)
-		}
-		return nil
-	})
-	proctest.WaitFor(t, "the default service account", 30*time.Second, func() error {
-		_, err := k.run("get", "serviceaccount", "default")
-		return err
-	})
+	k := simulatedCluster(t, 2)
 	cfg, err := clientcmd.BuildConfigFromFlags("", k.kubeconfig)
 	if err != nil {
 		t.Fatal(err)
