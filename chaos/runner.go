@@ -208,11 +208,14 @@ func runRound(ctx context.Context, c *Cluster, opts Options, round int, seed uin
 	nodes := StartNodeWatch(ctx, c.Kubeconfig)
 	defer nodes.Stop()
 	var pods *PodSampler
+	var short *ShortPods
 	if c.Local != nil {
 		did, err := applyWorkload(ctx, c.Kubeconfig, rng)
 		res.fail("the workload", err)
 		res.step("%s", did)
 		pods = StartPodSampler(ctx, c.Local, workloadNamespace, []string{soloPod}, 500*time.Millisecond)
+		short, err = StartShortPods(ctx, c.Kubeconfig, round)
+		res.fail("short pods", err)
 	}
 	trafficCtx, stopTraffic := context.WithCancel(ctx)
 	histCh := make(chan *History, 1)
@@ -276,6 +279,11 @@ func runRound(ctx context.Context, c *Cluster, opts Options, round int, seed uin
 	res.fail("nodes", nodes.Check(faulted))
 	if pods != nil {
 		res.fail("a pod running twice", pods.Stop())
+	}
+	if short != nil {
+		did, err := short.Check(ctx, time.Minute)
+		res.step("%s", did)
+		res.fail("a short pod run twice", err)
 	}
 	sleep(ctx, 2*time.Second) // watches and informers of the round wind down
 	res.fail("goroutines", CheckGoroutines(ctx, c.Kubeconfig, before, 300))

@@ -58,7 +58,8 @@ type Agent struct {
 	// running is the last version of each pod the runtime was asked to run, by namespace/name, so that a
 	// pod that vanished (force-deleted) or was replaced (same name, new UID) is still stopped.
 	running map[string]*corev1.Pod
-	// finished holds the finished pods whose containers' logs the runtime keeps until the pod is gone.
+	// finished holds the pods that ran to their end here (by namespace/name), whose containers' logs the
+	// runtime keeps until the pod is gone; a finished pod is never synced into running again.
 	finished map[string]*corev1.Pod
 	wg       sync.WaitGroup
 	// statusWrites bounds the concurrent status writes, so that thousands of pods starting at once (a
@@ -454,6 +455,13 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 		return true, nil
 	}
 	pod := obj.(*corev1.Pod)
+	if done != nil && done.UID == pod.UID && pod.DeletionTimestamp == nil {
+		// This pod ran to its end here, though the informer's copy may not say so yet: the status write that
+		// said Succeeded can come back through the watch after a sync that an exit or an event queued. Read as
+		// Pending, the pod would be started again in a new sandbox (its containers are gone). Like the
+		// kubelet's pod workers, the agent remembers the pods it finished and never runs one again.
+		return false, nil
+	}
 	if pod.DeletionTimestamp != nil {
 		if err := a.runtime.KillPod(ctx, pod, a.graceOf(key, pod)); err != nil {
 			return false, err

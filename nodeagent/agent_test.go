@@ -7,6 +7,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
 
@@ -56,5 +57,66 @@ func TestSyncStopsVanishedAndReplacedPods(t *testing.T) {
 	}
 	if used := len(rt.ipam["n1"].used); used != 0 {
 		t.Fatalf("%d IPs still allocated", used)
+	}
+}
+
+// countingRuntime counts the pods the runtime brought up from nothing: a pod that runs twice starts twice.
+type countingRuntime struct {
+	*simulatedRuntime
+	starts map[types.UID]int
+}
+
+func (r *countingRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodState, error) {
+	r.mu.Lock()
+	_, running := r.pods[pod.UID]
+	r.mu.Unlock()
+	if !running {
+		r.starts[pod.UID]++
+	}
+	return r.simulatedRuntime.SyncPod(ctx, pod)
+}
+
+// TestFinishedPodNeverRunsAgain: a restartPolicy Never pod runs to its end, the agent writes Succeeded and
+// removes its containers; the next sync (queued by the container's exit, say) still reads the informer's
+// older copy, Pending. The agent must not start the pod again: this was issue 30's "run run".
+func TestFinishedPodNeverRunsAgain(t *testing.T) {
+	rt := &countingRuntime{simulatedRuntime: newSimulatedRuntime(), starts: map[types.UID]int{}}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "once", UID: "uid-1",
+		Annotations: map[string]string{SimulatedExitCodeAnnotation: "0"}},
+		Spec: corev1.PodSpec{NodeName: "n1", RestartPolicy: corev1.RestartPolicyNever,
+			Containers: []corev1.Container{{Name: "c", Image: "busybox:1"}}}}
+	client := fake.NewSimpleClientset(pod.DeepCopy())
+	a := &Agent{cfg: &config.Agent{AdvertiseAddr: "10.0.0.1"}, logger: hclog.NewNullLogger(), runtime: rt, client: client,
+		nodes: map[string]bool{"n1": true}, running: map[string]*corev1.Pod{}, finished: map[string]*corev1.Pod{},
+		statusWrites: make(chan struct{}, 1), pods: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
+	ctx := context.Background()
+	a.pods.Add(pod) // the informer's copy, Pending, for the whole test: the watch lags
+	for i := range 3 {
+		if _, err := a.syncPod(ctx, "default/once"); err != nil {
+			t.Fatalf("sync %d: %v", i, err)
+		}
+	}
+	stored, err := client.CoreV1().Pods("default").Get(ctx, "once", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stored.Status.Phase != corev1.PodSucceeded {
+		t.Fatalf("phase %s after the run; want Succeeded", stored.Status.Phase)
+	}
+	if n := rt.starts["uid-1"]; n != 1 {
+		t.Fatalf("the pod started %d times; want once", n)
+	}
+	if running := len(rt.pods); running != 0 {
+		t.Fatalf("%d pods still running", running)
+	}
+	// A new pod of the same name (a new UID) runs.
+	next := pod.DeepCopy()
+	next.UID = "uid-2"
+	a.pods.Update(next)
+	if _, err := a.syncPod(ctx, "default/once"); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.starts["uid-2"]; n != 1 {
+		t.Fatalf("the replacement started %d times; want once", n)
 	}
 }

@@ -87,13 +87,22 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 	}
 	ctr, err := create()
 	if errdefs.IsAlreadyExists(err) {
-		// A leftover of a start that failed half-way: replace it.
+		// A leftover of a start that failed half-way, or of a snapshot whose container went: replace it, but
+		// only when it is this very attempt and it never started. A container that ran is never run again.
 		if old, lerr := r.client.LoadContainer(ctx, id); lerr == nil {
-			_ = r.deleteContainer(ctx, &ctrRecord{ctr: old, id: id})
+			if oldLabels, lerr := old.Labels(ctx); lerr == nil && oldLabels[labelStarted] == "" &&
+				oldLabels[labelName] == c.Name && oldLabels[labelKind] == kind {
+				_ = r.deleteContainer(ctx, &ctrRecord{ctr: old, id: id})
+			}
+		} else if errdefs.IsNotFound(lerr) {
+			r.removeSnapshot(ctx, id) // no container, but its snapshot: a create that failed after making it
 		}
 		ctr, err = create()
 	}
 	if err != nil {
+		if _, lerr := r.client.LoadContainer(ctx, id); errdefs.IsNotFound(lerr) {
+			r.removeSnapshot(ctx, id) // a failed create leaves nothing behind
+		}
 		r.setWaiting(pod.UID, c.Name, corev1.ContainerStateWaiting{Reason: "CreateContainerError", Message: err.Error()})
 		r.event(pod, corev1.EventTypeWarning, "Failed", "Error: %v", err)
 		return err
@@ -170,6 +179,13 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 		}
 	}
 	return nil
+}
+
+// removeSnapshot removes a container's snapshot, which containerd's client makes before the container.
+func (r *containerdRuntime) removeSnapshot(ctx context.Context, key string) {
+	if err := r.client.SnapshotService(snapshotter).Remove(ctx, key); err != nil && !errdefs.IsNotFound(err) {
+		r.logger.Warn("removing a leftover snapshot", "key", key, "error", err)
+	}
 }
 
 // imageID is the repo@digest form the kubelet reports as a container's imageID.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -208,8 +209,23 @@ func (r *containerdRuntime) podDir(pod *corev1.Pod) string {
 
 func sandboxID(pod *corev1.Pod) string { return string(pod.UID) + "-sandbox" }
 
+// maxContainerIDLen is containerd's limit on a container's ID (and its snapshot's key).
+const maxContainerIDLen = 76
+
+// containerID names an attempt of a container: <pod UID>-<kind>-<name>-<attempt>, readable in `ctr` and in
+// the logs. A name too long for containerd's limit (a DNS label may have 63 characters, the UID takes 36) is
+// cut, and a hash of the whole name keeps it unique; the labels, not the ID, say which container it is.
 func containerID(pod *corev1.Pod, kind, name string, attempt int) string {
-	return fmt.Sprintf("%s-%s-%s-%d", pod.UID, kind, name, attempt)
+	id := fmt.Sprintf("%s-%s-%s-%d", pod.UID, kind, name, attempt)
+	if len(id) <= maxContainerIDLen {
+		return id
+	}
+	h := fnv.New32a()
+	h.Write([]byte(name))
+	suffix := fmt.Sprintf("-%08x-%d", h.Sum32(), attempt)
+	prefix := fmt.Sprintf("%s-%s-", pod.UID, kind)
+	cut := strings.TrimRight(name[:max(maxContainerIDLen-len(prefix)-len(suffix), 0)], "-.")
+	return prefix + cut + suffix
 }
 
 func (r *containerdRuntime) event(pod *corev1.Pod, kind, reason, format string, args ...any) {
@@ -261,6 +277,18 @@ func (p *podRecords) latest(kind, name string) *ctrRecord {
 		return nil
 	}
 	return a[len(a)-1]
+}
+
+// nextAttempt is the attempt number of a container's next start: 0 for the first, the latest attempt's own
+// number when that one never started (its leftover is replaced), and one more than it otherwise.
+func nextAttempt(last *ctrRecord) int {
+	switch {
+	case last == nil:
+		return 0
+	case !last.running && !last.exited:
+		return last.attempt
+	}
+	return last.attempt + 1
 }
 
 func (p *podRecords) previous(kind, name string) *ctrRecord {
@@ -322,6 +350,14 @@ func (r *containerdRuntime) record(ctx context.Context, ctr containerd.Container
 	status, err := task.Status(ctx)
 	if err != nil {
 		return nil, false, err
+	}
+	if status.Status == containerd.Created && rec.kind != kindSandbox {
+		// Created but never started: the agent died between the task's create and its start. The process never
+		// ran; the task goes, and the next sync starts this attempt anew (nextAttempt).
+		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+			return nil, false, err
+		}
+		return rec, false, nil
 	}
 	if status.Status != containerd.Stopped {
 		rec.running, rec.pid = true, task.Pid()
@@ -477,11 +513,7 @@ func (r *containerdRuntime) syncInitContainers(ctx context.Context, pod *corev1.
 					return false, nil
 				}
 			}
-			attempt := 0
-			if last != nil {
-				attempt = last.attempt + 1
-			}
-			return false, r.startContainer(ctx, pod, c, kindInit, attempt, sb, vols, recs)
+			return false, r.startContainer(ctx, pod, c, kindInit, nextAttempt(last), sb, vols, recs)
 		}
 		switch {
 		case last != nil && last.exited && last.exitCode == 0:
@@ -497,11 +529,7 @@ func (r *containerdRuntime) syncInitContainers(ctx context.Context, pod *corev1.
 			}
 			return false, r.startContainer(ctx, pod, c, kindInit, last.attempt+1, sb, vols, recs)
 		default:
-			attempt := 0
-			if last != nil {
-				attempt = last.attempt + 1
-			}
-			return false, r.startContainer(ctx, pod, c, kindInit, attempt, sb, vols, recs)
+			return false, r.startContainer(ctx, pod, c, kindInit, nextAttempt(last), sb, vols, recs)
 		}
 	}
 	return true, nil
@@ -525,7 +553,6 @@ func (r *containerdRuntime) syncAppContainers(ctx context.Context, pod *corev1.P
 				continue
 			}
 		}
-		attempt := 0
 		if last != nil {
 			if !shouldRestart(pod.Spec.RestartPolicy, last) {
 				continue
@@ -534,9 +561,8 @@ func (r *containerdRuntime) syncAppContainers(ctx context.Context, pod *corev1.P
 				r.backOff(pod, c, left)
 				continue
 			}
-			attempt = last.attempt + 1
 		}
-		errs = append(errs, r.startContainer(ctx, pod, c, kindApp, attempt, sb, vols, recs))
+		errs = append(errs, r.startContainer(ctx, pod, c, kindApp, nextAttempt(last), sb, vols, recs))
 	}
 	return errors.Join(errs...)
 }

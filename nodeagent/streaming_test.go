@@ -18,6 +18,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -162,6 +163,7 @@ func TestAttemptOf(t *testing.T) {
 		{containerID(pod, "app", "web", 0), 0, false},
 		{containerID(pod, "app", "my-side-car", 12), 12, false},
 		{containerID(pod, "init", "setup-2", 3), 3, false},
+		{containerID(pod, "ephemeral", strings.Repeat("long-", 12)+"abc", 11), 11, false},
 		{"x-7", 7, false},
 		{"noattempt", 0, true},
 		{"", 0, true},
@@ -177,6 +179,32 @@ func TestAttemptOf(t *testing.T) {
 		})
 	}
 }
+
+// TestContainerIDFitsContainerd: any container name the API allows (a 63-character DNS label) gives an ID
+// within containerd's limit, and names that share a long prefix get distinct IDs.
+func TestContainerIDFitsContainerd(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: types.UID("0b1c2d3e-aaaa-bbbb-cccc-1234567890ab")}}
+	seen := map[string]string{}
+	for _, name := range []string{"web", strings.Repeat("a", 33), strings.Repeat("a", 62) + "b", strings.Repeat("a", 62) + "c",
+		strings.Repeat("a-", 31) + "z"} {
+		for _, kind := range []string{kindInit, kindApp, kindEphemeral} {
+			id := containerID(pod, kind, name, 12345)
+			if len(id) > maxContainerIDLen {
+				t.Errorf("%s %q: id %q has %d characters; containerd takes %d", kind, name, id, len(id), maxContainerIDLen)
+			}
+			if !containerdIDPattern.MatchString(id) {
+				t.Errorf("%s %q: id %q is not a valid containerd identifier", kind, name, id)
+			}
+			if other, ok := seen[id]; ok {
+				t.Errorf("%q and %q share the id %q", other, kind+"/"+name, id)
+			}
+			seen[id] = kind + "/" + name
+		}
+	}
+}
+
+// containerdIDPattern is containerd's identifiers.Validate pattern.
+var containerdIDPattern = regexp.MustCompile(`^[A-Za-z0-9]+(?:[._-](?:[A-Za-z0-9]+))*$`)
 
 func TestLogOptions(t *testing.T) {
 	sinceTime := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
