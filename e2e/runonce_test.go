@@ -88,6 +88,8 @@ spec:
 		if t.Failed() {
 			out, _ := k.run("get", "pods", "-o", "wide")
 			t.Logf("pods:\n%s", out)
+			out, _ = k.run("get", "events", "--field-selector", "type=Warning")
+			t.Logf("warnings:\n%s", out)
 		}
 	}
 

@@ -85,24 +85,22 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 	create := func() (containerd.Container, error) {
 		return r.client.NewContainer(ctx, id, containerd.WithNewSnapshot(id, img), containerd.WithNewSpec(opts...), containerd.WithContainerLabels(labels))
 	}
-	ctr, err := create()
+	ctr, err := r.newContainer(ctx, id, create)
 	if errdefs.IsAlreadyExists(err) {
-		// A leftover of a start that failed half-way, or of a snapshot whose container went: replace it, but
-		// only when it is this very attempt and it never started. A container that ran is never run again.
+		// A container of this very attempt is left from a start cut short (the agent killed between create and
+		// start): replace it, its stdio process too, but only when it never started. A container that ran is
+		// never run again.
 		if old, lerr := r.client.LoadContainer(ctx, id); lerr == nil {
 			if oldLabels, lerr := old.Labels(ctx); lerr == nil && oldLabels[labelStarted] == "" &&
 				oldLabels[labelName] == c.Name && oldLabels[labelKind] == kind {
-				_ = r.deleteContainer(ctx, &ctrRecord{ctr: old, id: id})
+				_ = containerio.Stop(r.containerIODir(pod, id))
+				if derr := r.deleteContainer(ctx, &ctrRecord{ctr: old, id: id}); derr == nil {
+					ctr, err = r.newContainer(ctx, id, create)
+				}
 			}
-		} else if errdefs.IsNotFound(lerr) {
-			r.removeSnapshot(ctx, id) // no container, but its snapshot: a create that failed after making it
 		}
-		ctr, err = create()
 	}
 	if err != nil {
-		if _, lerr := r.client.LoadContainer(ctx, id); errdefs.IsNotFound(lerr) {
-			r.removeSnapshot(ctx, id) // a failed create leaves nothing behind
-		}
 		r.setWaiting(pod.UID, c.Name, corev1.ContainerStateWaiting{Reason: "CreateContainerError", Message: err.Error()})
 		r.event(pod, corev1.EventTypeWarning, "Failed", "Error: %v", err)
 		return err
@@ -179,6 +177,28 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 		}
 	}
 	return nil
+}
+
+// newContainer creates a container whose snapshot has the container's ID for its key. containerd's client
+// makes the snapshot before the container, so a create cut short (the agent killed, containerd gone) can
+// leave the snapshot alone, and every later create of that ID would fail with "already exists": such a
+// snapshot, with no container, is removed and the create tried again. A create that fails removes the
+// snapshot it made. AlreadyExists comes back only when the container itself exists.
+func (r *containerdRuntime) newContainer(ctx context.Context, id string, create func() (containerd.Container, error)) (containerd.Container, error) {
+	ctr, err := create()
+	if errdefs.IsAlreadyExists(err) && r.containerGone(ctx, id) {
+		r.removeSnapshot(ctx, id)
+		ctr, err = create()
+	}
+	if err != nil && !errdefs.IsAlreadyExists(err) && r.containerGone(ctx, id) {
+		r.removeSnapshot(ctx, id)
+	}
+	return ctr, err
+}
+
+func (r *containerdRuntime) containerGone(ctx context.Context, id string) bool {
+	_, err := r.client.LoadContainer(ctx, id)
+	return errdefs.IsNotFound(err)
 }
 
 // removeSnapshot removes a container's snapshot, which containerd's client makes before the container.

@@ -58,8 +58,10 @@ func (r *containerdRuntime) createSandbox(ctx context.Context, pod *corev1.Pod) 
 		opts = append(opts, oci.WithHostname(hostname))
 	}
 	labels := map[string]string{labelPodUID: string(pod.UID), labelPodName: pod.Name, labelPodNamespace: pod.Namespace, labelKind: kindSandbox}
-	ctr, err := r.client.NewContainer(ctx, id, containerd.WithNewSnapshot(id, pause), containerd.WithNewSpec(opts...),
-		containerd.WithContainerLabels(labels))
+	ctr, err := r.newContainer(ctx, id, func() (containerd.Container, error) {
+		return r.client.NewContainer(ctx, id, containerd.WithNewSnapshot(id, pause), containerd.WithNewSpec(opts...),
+			containerd.WithContainerLabels(labels))
+	})
 	if err != nil {
 		return nil, fmt.Errorf("creating the sandbox container: %w", err)
 	}
