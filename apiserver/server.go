@@ -15,12 +15,15 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsapiserver "k8s.io/apiextensions-apiserver/pkg/apiserver"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/namespace/lifecycle"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
+	"k8s.io/apiserver/pkg/endpoints/discovery/aggregated"
+	genericapifilters "k8s.io/apiserver/pkg/endpoints/filters"
 	apimetrics "k8s.io/apiserver/pkg/endpoints/metrics"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
@@ -30,13 +33,19 @@ import (
 	genericfilters "k8s.io/apiserver/pkg/server/filters"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/apiserver/pkg/storage/value"
+	"k8s.io/apiserver/pkg/util/notfoundhandler"
+	"k8s.io/apiserver/pkg/util/webhook"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	certutil "k8s.io/client-go/util/cert"
 	basecompatibility "k8s.io/component-base/compatibility"
+	aggregatorapiserver "k8s.io/kube-aggregator/pkg/apiserver"
+	aggregatorscheme "k8s.io/kube-aggregator/pkg/apiserver/scheme"
 	"k8s.io/kubernetes/pkg/registry/admissionregistration/resolver"
 	metricsv1beta1 "k8s.io/metrics/pkg/apis/metrics/v1beta1"
 
+	"github.com/skiff-dev/skiff/apiserver/aggregator"
+	"github.com/skiff-dev/skiff/apiserver/extensions"
 	"github.com/skiff-dev/skiff/apiserver/openapi"
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
 )
@@ -90,11 +99,17 @@ type Config struct {
 	// PodSecurity is the PodSecurity admission's defaults and exemptions; zero means Kubernetes' defaults
 	// (privileged, no exemptions).
 	PodSecurity PodSecurityConfig
+	// FrontProxyCAPEM signs FrontProxyClientCertFile, the client certificate (CN FrontProxyClientName) that
+	// the aggregator shows extension API servers behind APIServices, with FrontProxyClientKeyFile; extension
+	// servers learn the CA from kube-system/extension-apiserver-authentication. Without them such servers
+	// see no identity.
+	FrontProxyCAPEM                                   []byte
+	FrontProxyClientCertFile, FrontProxyClientKeyFile string
 }
 
-// Server is a running Kubernetes API on one peer.
+// Server is a running Kubernetes API on one peer: the chain's outermost server, the aggregator.
 type Server struct {
-	generic *genericapiserver.GenericAPIServer
+	aggregator *aggregatorapiserver.APIAggregator
 }
 
 // New builds the API server: the library's generic server with Skiff's scheme, registry, storage,
@@ -114,11 +129,15 @@ func New(c Config) (*Server, error) {
 	// Streams (exec, attach, port-forward, followed logs) are long-running as watches are: no request timeout
 	// and no in-flight slot, as in kube-apiserver.
 	cfg.LongRunningFunc = genericfilters.BasicLongRunningRequestCheck(sets.NewString("watch", "proxy"), sets.NewString("attach", "exec", "proxy", "log", "portforward"))
-	namer := openapinamer.NewDefinitionNamer(Scheme)
-	cfg.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(withMetricsDefinitions(openapi.GetOpenAPIDefinitions), namer)
+	// One set of OpenAPI definitions and one discovery manager for the three servers of the chain, as
+	// kube-apiserver shares them: the aggregator merges what each server publishes.
+	namer := openapinamer.NewDefinitionNamer(Scheme, apiextensionsapiserver.Scheme, aggregatorscheme.Scheme)
+	definitions := withExtensionDefinitions(withMetricsDefinitions(openapi.GetOpenAPIDefinitions))
+	cfg.OpenAPIConfig = genericapiserver.DefaultOpenAPIConfig(definitions, namer)
 	cfg.OpenAPIConfig.Info.Title = "Skiff"
-	cfg.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(withMetricsDefinitions(openapi.GetOpenAPIDefinitions), namer)
+	cfg.OpenAPIV3Config = genericapiserver.DefaultOpenAPIV3Config(definitions, namer)
 	cfg.OpenAPIV3Config.Info.Title = "Skiff"
+	cfg.AggregatedDiscoveryGroupManager = aggregated.NewResourceManager("apis")
 
 	serving, err := dynamiccertificates.NewStaticCertKeyContent("serving-cert", c.CertPEM, c.KeyPEM)
 	if err != nil {
@@ -187,13 +206,23 @@ func New(c Config) (*Server, error) {
 	}
 	cfg.AddReadyzChecks(c.ReadyzChecks...)
 
-	generic, err := cfg.Complete().New("skiff-apiserver", genericapiserver.NewEmptyDelegate())
+	// The chain, innermost first (package doc): the extensions server, the built-in kinds delegating to it,
+	// the aggregator in front. Each works on a copy of the shared config, taken before any is completed.
+	services, err := newServiceResolver(cfg.LoopbackClientConfig, cfg.SharedInformerFactory)
 	if err != nil {
 		return nil, err
 	}
-	// Open watches (the server's own informers among them) would hold a graceful shutdown for the library's
-	// default minute; clients reconnect to another peer anyway.
-	generic.ShutdownTimeout = 3 * time.Second
+	aggregatorConfig := *cfg
+	ext, err := extensions.New(extensions.Config{Generic: cfg, Backend: c.Backend, Transformers: c.Transformers,
+		ServiceResolver: services, AuthResolverWrapper: webhook.NewDefaultAuthenticationInfoResolverWrapper(nil, nil, cfg.LoopbackClientConfig, nil)},
+		genericapiserver.NewEmptyDelegateWithCustomHandler(notfoundhandler.New(cfg.Serializer, genericapifilters.NoMuxAndDiscoveryIncompleteKey)))
+	if err != nil {
+		return nil, err
+	}
+	generic, err := cfg.Complete().New("skiff-apiserver", ext.GenericAPIServer)
+	if err != nil {
+		return nil, err
+	}
 	if c.ServiceCIDR == "" {
 		c.ServiceCIDR = DefaultServiceCIDR
 	}
@@ -219,6 +248,11 @@ func New(c Config) (*Server, error) {
 		return nil, err
 	}
 	generic.AddPostStartHookOrDie("rbac/bootstrap-roles", rbacPolicyHook(c.RBACPolicyReady))
+	trust, err := extensionAuthentication(c.ClientCAPEM, c.FrontProxyCAPEM, client)
+	if err != nil {
+		return nil, err
+	}
+	generic.AddPostStartHookOrDie("start-cluster-authentication-info-controller", trust)
 	for path, h := range c.Handlers {
 		if strings.HasSuffix(path, "/") {
 			generic.Handler.NonGoRestfulMux.HandlePrefix(path, h)
@@ -226,7 +260,17 @@ func New(c Config) (*Server, error) {
 			generic.Handler.NonGoRestfulMux.Handle(path, h)
 		}
 	}
-	return &Server{generic: generic}, nil
+	agg, err := aggregator.New(aggregator.Config{Generic: &aggregatorConfig, Backend: c.Backend, Transformers: c.Transformers,
+		ServiceResolver: services, CRDs: ext.Informers.Apiextensions().V1().CustomResourceDefinitions(),
+		ProxyClientCertFile: c.FrontProxyClientCertFile, ProxyClientKeyFile: c.FrontProxyClientKeyFile,
+		Priorities: apiServicePriorities()}, generic)
+	if err != nil {
+		return nil, err
+	}
+	// Open watches (the server's own informers among them) would hold a graceful shutdown for the library's
+	// default minute; clients reconnect to another peer anyway.
+	agg.GenericAPIServer.ShutdownTimeout = 3 * time.Second
+	return &Server{aggregator: agg}, nil
 }
 
 // admissionChain runs the admission plugins in Kubernetes' default order (kube-apiserver's
@@ -362,5 +406,9 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 
 // Run serves until ctx ends.
 func (s *Server) Run(ctx context.Context) error {
-	return s.generic.PrepareRun().RunWithContext(ctx)
+	prepared, err := s.aggregator.PrepareRun()
+	if err != nil {
+		return err
+	}
+	return prepared.Run(ctx)
 }

@@ -3,20 +3,15 @@ package apiserver
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/registry/generic"
 	"k8s.io/apiserver/pkg/storage"
-	cacherstorage "k8s.io/apiserver/pkg/storage/cacher"
 	etcdfeature "k8s.io/apiserver/pkg/storage/feature"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
-	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
 	"k8s.io/apiserver/pkg/storage/value"
-	"k8s.io/client-go/tools/cache"
-	"k8s.io/klog/v2"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
@@ -85,7 +80,7 @@ func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, exampl
 	}
 	return generic.RESTOptions{
 		StorageConfig:           cfg,
-		Decorator:               g.decorate,
+		Decorator:               raftstore.Decorator(g.backend),
 		EnableGarbageCollection: true,
 		DeleteCollectionWorkers: 1,
 		ResourcePrefix:          resourcePrefix(resource),
@@ -115,46 +110,3 @@ func storageCodec(gv schema.GroupVersion) runtime.Codec {
 	internal := schema.GroupVersion{Group: gv.Group, Version: runtime.APIVersionInternal}
 	return Codecs.CodecForVersions(info.Serializer, info.Serializer, gv, internal)
 }
-
-// decorate builds one resource's storage: the Raft store with the library's cacher on top, exactly as
-// kube-apiserver puts the cacher on etcd.
-func (g *restOptionsGetter) decorate(config *storagebackend.ConfigForResource, prefix string,
-	keyFunc func(obj runtime.Object) (string, error), newFunc, newListFunc func() runtime.Object,
-	getAttrs storage.AttrFunc, triggers storage.IndexerFuncs, indexers *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
-	raw := raftstore.New(raftstore.Config{
-		Backend: g.backend, Codec: config.Codec, Prefix: config.Prefix, ResourcePrefix: prefix,
-		GroupResource: config.GroupResource, NewFunc: newFunc, NewListFunc: newListFunc, Transformer: config.Transformer,
-	})
-	cacher, err := cacherstorage.NewCacherFromConfig(cacherstorage.Config{
-		Storage: raw, Versioner: storage.APIObjectVersioner{}, GroupResource: config.GroupResource,
-		EventsHistoryWindow: config.EventsHistoryWindow, ResourcePrefix: prefix, KeyFunc: keyFunc,
-		NewFunc: newFunc, NewListFunc: newListFunc, GetAttrsFunc: getAttrs, IndexerFuncs: triggers,
-		Indexers: indexers, Codec: config.Codec,
-	})
-	if err != nil {
-		return nil, func() {}, err
-	}
-	delegator := cacherstorage.NewCacheDelegator(cacher, raw)
-	var once sync.Once
-	return delegator, func() {
-		once.Do(func() {
-			delegator.Stop()
-			// The library's Cacher.Stop waits for its reflector, which can be blocked for good sending a
-			// bookmark to the event channel that the cacher's dispatcher, already stopped, no longer drains
-			// (cacher.go processEvent). A stopping server must not hang on it: wait a bounded time.
-			stopped := make(chan struct{})
-			go func() {
-				cacher.Stop()
-				close(stopped)
-			}()
-			select {
-			case <-stopped:
-			case <-time.After(cacherStopTimeout):
-				klog.InfoS("the watch cache did not stop in time; leaving it", "resource", config.GroupResource)
-			}
-		})
-	}, nil
-}
-
-// cacherStopTimeout bounds how long a server's shutdown waits for one resource's watch cache.
-const cacherStopTimeout = 2 * time.Second

@@ -82,6 +82,10 @@ type ServerBlock struct {
 	// SecretsEncryption, without encryption_config, has the first server draw an EncryptionConfiguration
 	// with a fresh key at the cluster's bootstrap (default true).
 	SecretsEncryption *bool `hcl:"secrets_encryption,optional"`
+	// RoutePodCIDRs has the server route every Node's pod CIDR via the Node's address (default false), so
+	// that the API reaches webhooks and extension API servers that run in pods, when the servers share an L2
+	// network with the nodes (docs/networking.md).
+	RoutePodCIDRs *bool `hcl:"route_pod_cidrs,optional"`
 }
 
 // PodSecurityBlock is `server { pod_security { ... } }`: Kubernetes' PodSecurity admission defaults (the
@@ -179,6 +183,8 @@ type Server struct {
 	// SecretsEncryption is set.
 	EncryptionConfig  string
 	SecretsEncryption bool
+	// RoutePodCIDRs: the server routes every Node's pod CIDR via the Node's InternalIP.
+	RoutePodCIDRs bool
 }
 
 // PodSecurity holds the PodSecurity admission's default levels and versions (for namespaces without labels)
@@ -219,7 +225,7 @@ func DefaultServerFile() *ServerFile {
 		Server: &ServerBlock{
 			Enabled: ptr(true), BootstrapExpect: ptr(1), RetryInterval: ptr("2s"), ServiceCIDR: ptr("10.96.0.0/16"), ClusterDomain: ptr("cluster.local"), ClusterCIDR: ptr("10.244.0.0/16"), EventTTL: ptr("1h"),
 			NodeLeaseGrace: ptr("40s"), PodGCTimeout: ptr("10m"), ResourceQuotaSyncPeriod: ptr("5m"), DefaultTolerationSeconds: ptr(300), NodeCertificateTTL: ptr("8760h"),
-			DeadServerCleanup: ptr("5m"), ServerStabilizationTime: ptr("10s"), SecretsEncryption: ptr(true),
+			DeadServerCleanup: ptr("5m"), ServerStabilizationTime: ptr("10s"), SecretsEncryption: ptr(true), RoutePodCIDRs: ptr(false),
 			MaxRequestsInFlight: ptr(400), MaxMutatingRequestsInFlight: ptr(200),
 			Raft: &RaftBlock{
 				HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms"),
@@ -264,6 +270,7 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 			ExemptRuntimeClasses: f.Server.PodSecurity.ExemptRuntimeClasses},
 
 		SecretsEncryption:           *f.Server.SecretsEncryption,
+		RoutePodCIDRs:               *f.Server.RoutePodCIDRs,
 		MaxRequestsInFlight:         *f.Server.MaxRequestsInFlight,
 		MaxMutatingRequestsInFlight: *f.Server.MaxMutatingRequestsInFlight,
 	}

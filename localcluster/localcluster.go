@@ -396,6 +396,8 @@ server {
   retry_join       = [%s]
   retry_interval   = "500ms"
   token            = %q
+  # The servers reach pods (webhooks, extension API servers) through each node's pod CIDR route.
+  route_pod_cidrs  = true
 }
 `, h.Name, h.Netns, h.Name, dataDir, h.IP, st.GossipKey, len(serverIPs), quoted(serverIPs), st.Token)
 	}

@@ -16,9 +16,11 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"path/filepath"
 	"sync"
 	"time"
 
+	"github.com/skiff-dev/skiff/apiserver"
 	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/internal/servicecidr"
 )
@@ -31,6 +33,10 @@ const (
 	joinTokenKey  = "/skiff/agent/join-token" // the token node agents join with
 	// serviceAccountKeyKey holds the PEM EC private key that service account tokens are signed with.
 	serviceAccountKeyKey = "/skiff/pki/service-account-key"
+	// frontProxyCAKey holds the front-proxy CA (certificate, then key): it signs the client certificate the
+	// aggregator shows extension API servers, which trust it through kube-system's
+	// extension-apiserver-authentication ConfigMap, as kube-apiserver's --requestheader-client-ca-file.
+	frontProxyCAKey = "/skiff/pki/front-proxy-ca"
 )
 
 // ensureClusterSecrets is a leader service: it stores the cluster CA (drawn before Raft, see raftPKI), the
@@ -41,7 +47,8 @@ func (s *Server) ensureClusterSecrets(ctx context.Context) {
 	for _, secret := range []struct {
 		key  string
 		make func() ([]byte, error)
-	}{{clusterCAKey, s.pki.bundle}, {adminTokenKey, newToken}, {joinTokenKey, joinToken}, {serviceAccountKeyKey, newServiceAccountKey}} {
+	}{{clusterCAKey, s.pki.bundle}, {frontProxyCAKey, newFrontProxyCA}, {adminTokenKey, newToken}, {joinTokenKey, joinToken},
+		{serviceAccountKeyKey, newServiceAccountKey}} {
 		if _, _, err := s.node.Store().Get(secret.key); err == nil {
 			continue
 		}
@@ -105,7 +112,12 @@ func (s *Server) serviceAccountKey() (*ecdsa.PrivateKey, error) {
 	return s.saKey, nil
 }
 
-func newCA() ([]byte, error) {
+func newCA() ([]byte, error) { return newNamedCA("skiff-ca") }
+
+func newFrontProxyCA() ([]byte, error) { return newNamedCA("skiff-front-proxy-ca") }
+
+// newNamedCA draws a CA: its PEM certificate, then its PEM EC private key.
+func newNamedCA(name string) ([]byte, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -116,7 +128,7 @@ func newCA() ([]byte, error) {
 	}
 	now := time.Now()
 	tmpl := &x509.Certificate{
-		SerialNumber: serial, Subject: pkix.Name{CommonName: "skiff-ca"},
+		SerialNumber: serial, Subject: pkix.Name{CommonName: name},
 		NotBefore: now.Add(-time.Hour), NotAfter: now.AddDate(10, 0, 0),
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
 	}
@@ -136,14 +148,19 @@ func newCA() ([]byte, error) {
 
 // clusterCA returns the CA certificate (PEM) and its parsed form, once it has replicated to this peer.
 func (s *Server) clusterCA() (certPEM []byte, cert *x509.Certificate, key *ecdsa.PrivateKey, err error) {
-	plain, _, err := s.openSecret(clusterCAKey)
+	return s.storedCA(clusterCAKey)
+}
+
+// storedCA reads a CA the store holds under key: its certificate (PEM and parsed) and key.
+func (s *Server) storedCA(storeKey string) (certPEM []byte, cert *x509.Certificate, key *ecdsa.PrivateKey, err error) {
+	plain, _, err := s.openSecret(storeKey)
 	if err != nil {
 		return nil, nil, nil, err
 	}
 	certBlock, rest := pem.Decode(plain)
 	keyBlock, _ := pem.Decode(rest)
 	if certBlock == nil || keyBlock == nil {
-		return nil, nil, nil, errors.New("cluster CA in the store is not PEM")
+		return nil, nil, nil, fmt.Errorf("%s in the store is not PEM", storeKey)
 	}
 	if cert, err = x509.ParseCertificate(certBlock.Bytes); err != nil {
 		return nil, nil, nil, err
@@ -263,4 +280,46 @@ func (s *Server) peerTransport() http.RoundTripper {
 		pool.AppendCertsFromPEM(caPEM)
 	}
 	return &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, ResponseHeaderTimeout: time.Minute}
+}
+
+// writeFrontProxyClientCert issues this server's front-proxy client certificate from the front-proxy CA and
+// writes it and its key under the data dir, where the aggregator reads them; it returns the two paths.
+func (s *Server) writeFrontProxyClientCert() (certFile, keyFile string, err error) {
+	_, ca, caKey, err := s.storedCA(frontProxyCAKey)
+	if err != nil {
+		return "", "", err
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", "", err
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 120))
+	if err != nil {
+		return "", "", err
+	}
+	now := time.Now()
+	notAfter := now.Add(serverCertLifetime)
+	if notAfter.After(ca.NotAfter) {
+		notAfter = ca.NotAfter
+	}
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: serial, Subject: pkix.Name{CommonName: apiserver.FrontProxyClientName},
+		NotBefore: now.Add(-5 * time.Minute), NotAfter: notAfter,
+		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return "", "", err
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return "", "", err
+	}
+	certFile, keyFile = filepath.Join(s.cfg.DataDir, "front-proxy-client.crt"), filepath.Join(s.cfg.DataDir, "front-proxy-client.key")
+	if err := writeFileAtomic(keyFile, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})); err != nil {
+		return "", "", err
+	}
+	if err := writeFileAtomic(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})); err != nil {
+		return "", "", err
+	}
+	return certFile, keyFile, nil
 }

@@ -156,7 +156,7 @@ func writtenBy(stored []byte) string {
 
 // eachStoredSecret calls f with every Secret and server secret this server's store holds, until f says stop.
 func (s *Server) eachStoredSecret(f func(*fsm.KeyValue) bool) {
-	for _, key := range []string{clusterCAKey, adminTokenKey, joinTokenKey, serviceAccountKeyKey, gossipKeyringKey} {
+	for _, key := range []string{clusterCAKey, frontProxyCAKey, adminTokenKey, joinTokenKey, serviceAccountKeyKey, gossipKeyringKey} {
 		if kv, _, err := s.node.Store().Get(key); err == nil && !f(kv) {
 			return
 		}

@@ -30,6 +30,7 @@ import (
 	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/gossip"
 	"github.com/skiff-dev/skiff/internal/join"
+	"github.com/skiff-dev/skiff/internal/podroutes"
 	"github.com/skiff-dev/skiff/internal/version"
 	"github.com/skiff-dev/skiff/raftnode"
 )
@@ -279,6 +280,9 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		var err error
 		token, ok = s.adminToken()
 		caPEM, _, _, err = s.clusterCA()
+		if err == nil {
+			_, _, _, err = s.storedCA(frontProxyCAKey)
+		}
 		if ok && err == nil {
 			s.apiBlocked.Store("")
 			break
@@ -302,6 +306,12 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		s.logger.Error("issuing the API serving certificate", "error", err)
 		return
 	}
+	frontProxyCAPEM, _, _, _ := s.storedCA(frontProxyCAKey)
+	frontProxyCert, frontProxyKey, err := s.writeFrontProxyClientCert()
+	if err != nil {
+		s.logger.Error("issuing the front-proxy client certificate", "error", err)
+		return
+	}
 	// Hand the port over from the bootstrap listener to the API server.
 	shutdownCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	s.http.Shutdown(shutdownCtx)
@@ -316,6 +326,16 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	if s.cfg.RoutePodCIDRs {
+		go func() {
+			client, err := s.adminClient(ctx)
+			if err != nil {
+				s.logger.Error("routing pod CIDRs", "error", err)
+				return
+			}
+			podroutes.Sync(ctx, podroutes.Options{Client: client, Logger: s.logger.Named("podroutes"), Addr: s.cfg.AdvertiseAddr})
+		}()
 	}
 	agentTransport := s.agentTransport(caPEM)
 	metrics := newMetricsScraper(&http.Client{Transport: agentTransport, Timeout: metricsScrapeTimeout}, s.nodeLister(ctx), nil, s.logger)
@@ -344,6 +364,8 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		PodSecurity:              apiserver.PodSecurityConfig(s.cfg.PodSecurity),
 
 		MaxRequestsInFlight: s.cfg.MaxRequestsInFlight, MaxMutatingRequestsInFlight: s.cfg.MaxMutatingRequestsInFlight,
+
+		FrontProxyCAPEM: frontProxyCAPEM, FrontProxyClientCertFile: frontProxyCert, FrontProxyClientKeyFile: frontProxyKey,
 	})
 	if err != nil {
 		ln.Close()

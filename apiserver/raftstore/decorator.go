@@ -1,0 +1,63 @@
+package raftstore
+
+import (
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apiserver/pkg/registry/generic"
+	"k8s.io/apiserver/pkg/storage"
+	cacherstorage "k8s.io/apiserver/pkg/storage/cacher"
+	"k8s.io/apiserver/pkg/storage/storagebackend"
+	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/klog/v2"
+)
+
+// Decorator builds one resource's storage for the library's generic registry: the Raft store, encoding with
+// the codec the registry hands it (a typed scheme's for built-in kinds, apiextensions' per-version codec for
+// custom resources), with the library's watch cache on top, exactly as kube-apiserver puts the cacher on
+// etcd (registry.StorageWithCacher). Every server of the chain gets its storage from it.
+func Decorator(backend Backend) generic.StorageDecorator {
+	return func(config *storagebackend.ConfigForResource, prefix string,
+		keyFunc func(obj runtime.Object) (string, error), newFunc, newListFunc func() runtime.Object,
+		getAttrs storage.AttrFunc, triggers storage.IndexerFuncs, indexers *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
+		raw := New(Config{
+			Backend: backend, Codec: config.Codec, Prefix: config.Prefix, ResourcePrefix: prefix,
+			GroupResource: config.GroupResource, NewFunc: newFunc, NewListFunc: newListFunc, Transformer: config.Transformer,
+		})
+		cacher, err := cacherstorage.NewCacherFromConfig(cacherstorage.Config{
+			Storage: raw, Versioner: storage.APIObjectVersioner{}, GroupResource: config.GroupResource,
+			EventsHistoryWindow: config.EventsHistoryWindow, ResourcePrefix: prefix, KeyFunc: keyFunc,
+			NewFunc: newFunc, NewListFunc: newListFunc, GetAttrsFunc: getAttrs, IndexerFuncs: triggers,
+			Indexers: indexers, Codec: config.Codec,
+		})
+		if err != nil {
+			return nil, func() {}, err
+		}
+		delegator := cacherstorage.NewCacheDelegator(cacher, raw)
+		var once sync.Once
+		return delegator, func() {
+			once.Do(func() {
+				delegator.Stop()
+				// The library's Cacher.Stop waits for its reflector, which can be blocked for good sending a
+				// bookmark to the event channel that the cacher's dispatcher, already stopped, no longer drains
+				// (cacher.go processEvent). A stopping server (or a custom resource's storage replaced when its
+				// CRD changes) must not hang on it: wait a bounded time.
+				stopped := make(chan struct{})
+				go func() {
+					cacher.Stop()
+					close(stopped)
+				}()
+				select {
+				case <-stopped:
+				case <-time.After(cacherStopTimeout):
+					klog.InfoS("the watch cache did not stop in time; leaving it", "resource", config.GroupResource)
+				}
+			})
+		}, nil
+	}
+}
+
+// cacherStopTimeout bounds how long a server's shutdown waits for one resource's watch cache.
+const cacherStopTimeout = 2 * time.Second
