@@ -194,17 +194,23 @@ func runRound(ctx context.Context, c *Cluster, opts Options, round int, seed uin
 	before, err := GoroutineCounts(ctx, c.Kubeconfig)
 	res.fail("goroutine counts before the round", err)
 
-	traffic, err := NewTraffic(c.Kubeconfig, seed, TrafficOptions{})
-	if err != nil {
-		res.fail("starting traffic", err)
-		return res
+	// The same traffic and checks on ConfigMaps and on custom resources (fewer workers: the two share the
+	// round's time).
+	var streams []*roundTraffic
+	for _, o := range []TrafficOptions{{Resource: ConfigMaps}, {Resource: CustomResources, Workers: 3}} {
+		traffic, err := NewTraffic(c.Kubeconfig, seed, o)
+		if err != nil {
+			res.fail("starting traffic on "+o.Resource.String(), err)
+			return res
+		}
+		defer traffic.Close()
+		watchers, err := StartWatchers(ctx, c.Kubeconfig, traffic.Namespace(), o.Resource, seed)
+		if err != nil {
+			res.fail("starting watchers of "+o.Resource.String(), err)
+			return res
+		}
+		streams = append(streams, &roundTraffic{traffic: traffic, watchers: watchers, hist: make(chan *History, 1)})
 	}
-	watchers, err := StartWatchers(ctx, c.Kubeconfig, traffic.Namespace(), seed)
-	if err != nil {
-		res.fail("starting watchers", err)
-		return res
-	}
-	defer traffic.Close()
 	nodes := StartNodeWatch(ctx, c.Kubeconfig)
 	defer nodes.Stop()
 	var pods *PodSampler
@@ -218,8 +224,9 @@ func runRound(ctx context.Context, c *Cluster, opts Options, round int, seed uin
 		res.fail("short pods", err)
 	}
 	trafficCtx, stopTraffic := context.WithCancel(ctx)
-	histCh := make(chan *History, 1)
-	go func() { histCh <- traffic.Run(trafficCtx) }()
+	for _, st := range streams {
+		go func() { st.hist <- st.traffic.Run(trafficCtx) }()
+	}
 
 	sleep(ctx, opts.Settle)
 	var heals []func(context.Context) error
@@ -246,35 +253,9 @@ func runRound(ctx context.Context, c *Cluster, opts Options, round int, seed uin
 	res.step("writes resumed %v after healing", took.Round(time.Millisecond))
 	sleep(ctx, opts.Settle)
 	stopTraffic()
-	hist := <-histCh
-	report := watchers.Stop()
-	res.counts = hist.Counts()
-	res.ops = len(hist.Ops)
-
-	viz := ""
-	if opts.ReportDir != "" {
-		viz = filepath.Join(opts.ReportDir, fmt.Sprintf("round-%d-seed-%d.html", round, seed))
+	for _, st := range streams {
+		st.check(ctx, res, opts, round, seed)
 	}
-	final, err := traffic.ReadFinal(ctx)
-	res.fail("reading the final state", err)
-	if err == nil {
-		hist.Final = final
-		res.fail("lost writes", CheckNoLostWrites(hist, final))
-	}
-	linErr := CheckLinearizable(hist, time.Minute, viz)
-	res.fail("linearizability", linErr)
-	if linErr != nil && opts.ReportDir != "" {
-		// Kept so that the check can be run again, for longer, on the same history (-chaos.recheck).
-		path := filepath.Join(opts.ReportDir, fmt.Sprintf("round-%d-seed-%d.history.json", round, seed))
-		if err := SaveHistory(hist, path); err != nil {
-			res.step("saving the history: %v", err)
-		} else {
-			res.step("history saved to %s", path)
-		}
-	}
-	res.fail("list freshness", CheckListFreshness(hist))
-	res.fail("watches", report.Check())
-	res.fail("watches against the traffic", CheckWatchAgainstHistory(report, hist))
 	res.fail("replica convergence", CheckConvergence(ctx, c.Kubeconfig, 10*time.Second))
 	res.fail("nodes", nodes.Check(faulted))
 	if pods != nil {
@@ -288,6 +269,52 @@ func runRound(ctx context.Context, c *Cluster, opts Options, round int, seed uin
 	sleep(ctx, 2*time.Second) // watches and informers of the round wind down
 	res.fail("goroutines", CheckGoroutines(ctx, c.Kubeconfig, before, 300))
 	return res
+}
+
+// roundTraffic is one resource's traffic of a round, with its watchers.
+type roundTraffic struct {
+	traffic  *Traffic
+	watchers *Watchers
+	hist     chan *History
+}
+
+// check waits for the traffic's history and checks it: nothing lost, linearizable, fresh lists, and watches
+// complete and in agreement with the history.
+func (st *roundTraffic) check(ctx context.Context, res *roundResult, opts Options, round int, seed uint64) {
+	hist := <-st.hist
+	report := st.watchers.Stop()
+	what := st.traffic.Resource().String()
+	if res.counts == nil {
+		res.counts = map[string]int{}
+	}
+	for k, n := range hist.Counts() {
+		res.counts[k] += n
+	}
+	res.ops += len(hist.Ops)
+	viz, saved := "", ""
+	if opts.ReportDir != "" {
+		viz = filepath.Join(opts.ReportDir, fmt.Sprintf("round-%d-seed-%d-%s.html", round, seed, what))
+		saved = filepath.Join(opts.ReportDir, fmt.Sprintf("round-%d-seed-%d-%s.history.json", round, seed, what))
+	}
+	final, err := st.traffic.ReadFinal(ctx)
+	res.fail("reading the final state of "+what, err)
+	if err == nil {
+		hist.Final = final
+		res.fail("lost writes of "+what, CheckNoLostWrites(hist, final))
+	}
+	linErr := CheckLinearizable(hist, time.Minute, viz)
+	res.fail("linearizability of "+what, linErr)
+	if linErr != nil && saved != "" {
+		// Kept so that the check can be run again, for longer, on the same history (-chaos.recheck).
+		if err := SaveHistory(hist, saved); err != nil {
+			res.step("saving the history: %v", err)
+		} else {
+			res.step("history saved to %s", saved)
+		}
+	}
+	res.fail("list freshness of "+what, CheckListFreshness(hist))
+	res.fail("watches of "+what, report.Check())
+	res.fail("watches of "+what+" against the traffic", CheckWatchAgainstHistory(report, hist))
 }
 
 // FaultRecord is when a fault of a round was in force, for the node checks.

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"slices"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
@@ -25,10 +24,12 @@ type TrafficOptions struct {
 	Workers        int           // concurrent workers, each one request at a time (default 6)
 	Keys           int           // ConfigMap names the workers share, so that they collide (default 10)
 	RequestTimeout time.Duration // per request (default 5s); a request that runs out has an unknown outcome
+	Resource       Resource      // what it writes: ConfigMaps (the default) or the suite's custom resources
 }
 
-// Traffic makes Kubernetes-style requests on ConfigMaps of its own namespace, chaos-<seed>, through every
-// server of a cluster at once, and records them for the checks (CheckLinearizable and the others).
+// Traffic makes Kubernetes-style requests on objects of its own namespace (ConfigMaps in chaos-<seed>, or
+// custom resources in chaos-cr-<seed>), through every server of a cluster at once, and records them for the
+// checks (CheckLinearizable and the others).
 //
 // Each worker, in a loop: creates an object; reads one and updates it with the read resourceVersion as the
 // precondition (optimistic concurrency, as controllers do); reads one and updates it with an older
@@ -45,9 +46,11 @@ type Traffic struct {
 }
 
 type trafficServer struct {
-	name   string // the kubeconfig context
-	client kubernetes.Interface
-	http   *http.Client
+	name    string // the kubeconfig context
+	config  *rest.Config
+	client  kubernetes.Interface
+	objects objects // the traffic's objects through this server
+	http    *http.Client
 }
 
 // trafficDataKey is the ConfigMap data key holding the value.
@@ -77,6 +80,9 @@ func NewTraffic(kubeconfig string, seed uint64, opts TrafficOptions) (*Traffic, 
 		return nil, fmt.Errorf("%s has no contexts", kubeconfig)
 	}
 	t := &Traffic{seed: seed, namespace: fmt.Sprintf("chaos-%d", seed), opts: opts}
+	if opts.Resource == CustomResources {
+		t.namespace = fmt.Sprintf("chaos-cr-%d", seed)
+	}
 	for i := range opts.Keys {
 		t.keys = append(t.keys, fmt.Sprintf("k%d", i))
 	}
@@ -94,7 +100,11 @@ func NewTraffic(kubeconfig string, seed uint64, opts TrafficOptions) (*Traffic, 
 		if err != nil {
 			return nil, fmt.Errorf("%s: context %s: %w", kubeconfig, name, err)
 		}
-		t.servers = append(t.servers, trafficServer{name: name, client: client, http: httpClient})
+		objs, err := opts.Resource.objectsFor(cfg, httpClient, t.namespace)
+		if err != nil {
+			return nil, fmt.Errorf("%s: context %s: %w", kubeconfig, name, err)
+		}
+		t.servers = append(t.servers, trafficServer{name: name, config: cfg, client: client, objects: objs, http: httpClient})
 	}
 	return t, nil
 }
@@ -118,6 +128,9 @@ func (t *Traffic) Close() {
 		s.http.CloseIdleConnections()
 	}
 }
+
+// Resource is what the traffic writes.
+func (t *Traffic) Resource() Resource { return t.opts.Resource }
 
 // Namespace is the namespace the traffic writes in.
 func (t *Traffic) Namespace() string { return t.namespace }
@@ -171,7 +184,7 @@ func (t *Traffic) prepare(ctx context.Context) error {
 	var lastErr error
 	for attempt := 0; ; attempt++ {
 		s := t.servers[attempt%len(t.servers)]
-		lastErr = t.prepareOnce(ctx, s.client)
+		lastErr = t.prepareOnce(ctx, s)
 		if lastErr == nil {
 			return nil
 		}
@@ -183,9 +196,15 @@ func (t *Traffic) prepare(ctx context.Context) error {
 	}
 }
 
-func (t *Traffic) prepareOnce(ctx context.Context, c kubernetes.Interface) error {
+func (t *Traffic) prepareOnce(ctx context.Context, s trafficServer) error {
 	rctx, cancel := context.WithTimeout(ctx, t.opts.RequestTimeout)
 	defer cancel()
+	if t.opts.Resource == CustomResources {
+		if err := ensureCustomCRD(rctx, s.config); err != nil {
+			return err
+		}
+	}
+	c := s.client
 	ns, err := c.CoreV1().Namespaces().Get(rctx, t.namespace, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
@@ -198,22 +217,22 @@ func (t *Traffic) prepareOnce(ctx context.Context, c kubernetes.Interface) error
 	case ns.DeletionTimestamp != nil:
 		return fmt.Errorf("namespace %s is being deleted", t.namespace)
 	}
-	list, err := c.CoreV1().ConfigMaps(t.namespace).List(rctx, metav1.ListOptions{})
+	_, items, err := s.objects.list(rctx)
 	if err != nil {
 		return err
 	}
 	left := 0
-	for _, cm := range list.Items {
-		if !slices.Contains(t.keys, cm.Name) {
+	for _, it := range items {
+		if !slices.Contains(t.keys, it.Key) {
 			continue
 		}
 		left++
-		if err := c.CoreV1().ConfigMaps(t.namespace).Delete(rctx, cm.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		if err := s.objects.delete(rctx, it.Key, it.RV); err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 			return err
 		}
 	}
 	if left > 0 {
-		return fmt.Errorf("deleted %d ConfigMaps left from an earlier run; checking again", left)
+		return fmt.Errorf("deleted %d %s left from an earlier run; checking again", left, t.opts.Resource)
 	}
 	return nil
 }
@@ -272,14 +291,14 @@ func (w *trafficWorker) step(ctx context.Context) bool {
 }
 
 // do sends one request to a random server and records it; f fills in the answer's details on success.
-func (w *trafficWorker) do(ctx context.Context, op Op, f func(ctx context.Context, cms configMaps, op *Op) error) Op {
+func (w *trafficWorker) do(ctx context.Context, op Op, f func(ctx context.Context, objs objects, op *Op) error) Op {
 	s := w.t.servers[w.rng.IntN(len(w.t.servers))]
 	op.Worker, op.Server = w.id, s.name
 	// A request already sent runs to its own timeout even when the run ends, so that it gets its answer.
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.t.opts.RequestTimeout)
 	defer cancel()
 	op.Call = time.Since(w.start)
-	err := f(rctx, s.client.CoreV1().ConfigMaps(w.t.namespace), &op)
+	err := f(rctx, s.objects, &op)
 	op.Return = time.Since(w.start)
 	op.Outcome, op.Code, op.Reason = classifyTrafficError(err)
 	if err != nil {
@@ -308,105 +327,61 @@ func classifyTrafficError(err error) (Outcome, int, string) {
 	return OutcomeUnknown, 0, ""
 }
 
-type configMaps interface {
-	Create(ctx context.Context, cm *corev1.ConfigMap, opts metav1.CreateOptions) (*corev1.ConfigMap, error)
-	Update(ctx context.Context, cm *corev1.ConfigMap, opts metav1.UpdateOptions) (*corev1.ConfigMap, error)
-	Delete(ctx context.Context, name string, opts metav1.DeleteOptions) error
-	Get(ctx context.Context, name string, opts metav1.GetOptions) (*corev1.ConfigMap, error)
-	List(ctx context.Context, opts metav1.ListOptions) (*corev1.ConfigMapList, error)
-}
-
 func (w *trafficWorker) nextValue() string {
 	w.writes++
 	return fmt.Sprintf("w%d-%d", w.id, w.writes)
 }
 
 func (w *trafficWorker) create(ctx context.Context, key string) Op {
-	return w.do(ctx, Op{Kind: OpCreate, Key: key, Value: w.nextValue()}, func(ctx context.Context, cms configMaps, op *Op) error {
-		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: key}, Data: map[string]string{trafficDataKey: op.Value}}
-		out, err := cms.Create(ctx, cm, metav1.CreateOptions{})
-		if err != nil {
-			return err
-		}
-		return recordObject(op, out)
+	return w.do(ctx, Op{Kind: OpCreate, Key: key, Value: w.nextValue()}, func(ctx context.Context, objs objects, op *Op) error {
+		var err error
+		op.RV, op.ReadValue, err = objs.create(ctx, key, op.Value)
+		return err
 	})
 }
 
 func (w *trafficWorker) update(ctx context.Context, key string, rv int64, stale bool) Op {
 	op := Op{Kind: OpUpdate, Key: key, Value: w.nextValue(), PreconditionRV: rv, Stale: stale}
-	return w.do(ctx, op, func(ctx context.Context, cms configMaps, op *Op) error {
-		cm := &corev1.ConfigMap{
-			ObjectMeta: metav1.ObjectMeta{Name: key, ResourceVersion: strconv.FormatInt(rv, 10)},
-			Data:       map[string]string{trafficDataKey: op.Value},
-		}
-		out, err := cms.Update(ctx, cm, metav1.UpdateOptions{})
-		if err != nil {
-			return err
-		}
-		return recordObject(op, out)
-	})
-}
-
-func (w *trafficWorker) delete(ctx context.Context, key string, rv int64) Op {
-	return w.do(ctx, Op{Kind: OpDelete, Key: key, PreconditionRV: rv}, func(ctx context.Context, cms configMaps, op *Op) error {
-		s := strconv.FormatInt(rv, 10)
-		return cms.Delete(ctx, key, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &s}})
-	})
-}
-
-func (w *trafficWorker) get(ctx context.Context, key string) Op {
-	return w.do(ctx, Op{Kind: OpGet, Key: key}, func(ctx context.Context, cms configMaps, op *Op) error {
-		out, err := cms.Get(ctx, key, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		op.Found = true
-		return recordObject(op, out)
-	})
-}
-
-func (w *trafficWorker) list(ctx context.Context) Op {
-	return w.do(ctx, Op{Kind: OpList}, func(ctx context.Context, cms configMaps, op *Op) error {
-		out, err := cms.List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return err
-		}
-		items, rv, err := w.t.listItems(out)
-		op.Items, op.RV = items, rv
+	return w.do(ctx, op, func(ctx context.Context, objs objects, op *Op) error {
+		var err error
+		op.RV, op.ReadValue, err = objs.update(ctx, key, op.Value, rv)
 		return err
 	})
 }
 
-// recordObject notes the value and resourceVersion of an object in an answer. A write's answer should carry
-// the value written; the checks compare them.
-func recordObject(op *Op, cm *corev1.ConfigMap) error {
-	rv, err := strconv.ParseInt(cm.ResourceVersion, 10, 64)
-	if err != nil {
-		return fmt.Errorf("answer has resourceVersion %q: %w", cm.ResourceVersion, err)
-	}
-	op.RV, op.ReadValue = rv, cm.Data[trafficDataKey]
-	return nil
+func (w *trafficWorker) delete(ctx context.Context, key string, rv int64) Op {
+	return w.do(ctx, Op{Kind: OpDelete, Key: key, PreconditionRV: rv}, func(ctx context.Context, objs objects, op *Op) error {
+		return objs.delete(ctx, key, rv)
+	})
 }
 
-// listItems keeps the traffic's objects of a list, ordered by name, with the list's resourceVersion.
-func (t *Traffic) listItems(list *corev1.ConfigMapList) ([]Item, int64, error) {
-	rv, err := strconv.ParseInt(list.ResourceVersion, 10, 64)
-	if err != nil {
-		return nil, 0, fmt.Errorf("list has resourceVersion %q: %w", list.ResourceVersion, err)
-	}
+func (w *trafficWorker) get(ctx context.Context, key string) Op {
+	return w.do(ctx, Op{Kind: OpGet, Key: key}, func(ctx context.Context, objs objects, op *Op) error {
+		var err error
+		op.RV, op.ReadValue, err = objs.get(ctx, key)
+		op.Found = err == nil
+		return err
+	})
+}
+
+func (w *trafficWorker) list(ctx context.Context) Op {
+	return w.do(ctx, Op{Kind: OpList}, func(ctx context.Context, objs objects, op *Op) error {
+		rv, items, err := objs.list(ctx)
+		op.Items, op.RV = w.t.ownItems(items), rv
+		return err
+	})
+}
+
+// ownItems keeps the traffic's objects of a list, ordered by name.
+func (t *Traffic) ownItems(all []Item) []Item {
 	var items []Item
-	for _, cm := range list.Items {
-		if !slices.Contains(t.keys, cm.Name) {
-			continue
+	for _, it := range all {
+		if slices.Contains(t.keys, it.Key) {
+			items = append(items, it)
 		}
-		irv, err := strconv.ParseInt(cm.ResourceVersion, 10, 64)
-		if err != nil {
-			return nil, 0, fmt.Errorf("list item %s has resourceVersion %q: %w", cm.Name, cm.ResourceVersion, err)
-		}
-		items = append(items, Item{Key: cm.Name, Value: cm.Data[trafficDataKey], RV: irv})
 	}
 	sort.Slice(items, func(i, j int) bool { return items[i].Key < items[j].Key })
-	return items, rv, nil
+	return items
 }
 
 // readFinalPatience bounds how long ReadFinal retries one server that does not answer.
@@ -441,15 +416,11 @@ func (t *Traffic) readFinalFrom(ctx context.Context, s trafficServer) (map[strin
 	var lastErr error
 	for {
 		rctx, cancel := context.WithTimeout(ctx, t.opts.RequestTimeout)
-		list, err := s.client.CoreV1().ConfigMaps(t.namespace).List(rctx, metav1.ListOptions{})
+		_, items, err := s.objects.list(rctx)
 		cancel()
 		if err == nil {
-			items, _, err := t.listItems(list)
-			if err != nil {
-				return nil, fmt.Errorf("final list through %s: %w", s.name, err)
-			}
 			out := map[string]FinalObject{}
-			for _, it := range items {
+			for _, it := range t.ownItems(items) {
 				out[it.Key] = FinalObject{Value: it.Value, RV: it.RV}
 			}
 			return out, nil

@@ -41,16 +41,22 @@ func trafficKubeconfig(t *testing.T, peers []*servertest.Peer) string {
 	return path
 }
 
-// TestTrafficAgainstHealthyCluster runs the traffic against three in-process servers without faults: every
-// check must pass, and the traffic must have done each kind of request.
+// TestTrafficAgainstHealthyCluster runs the traffic, on ConfigMaps and on custom resources, against three
+// in-process servers without faults: every check must pass, and the traffic must have done each kind of
+// request.
 func TestTrafficAgainstHealthyCluster(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts three servers")
 	}
 	peers := servertest.Start(t, 3)
 	kubeconfig := trafficKubeconfig(t, peers)
+	for _, resource := range []Resource{ConfigMaps, CustomResources} {
+		t.Run(resource.String(), func(t *testing.T) { checkHealthyTraffic(t, kubeconfig, resource) })
+	}
+}
 
-	traffic, err := NewTraffic(kubeconfig, 42, TrafficOptions{})
+func checkHealthyTraffic(t *testing.T, kubeconfig string, resource Resource) {
+	traffic, err := NewTraffic(kubeconfig, 42, TrafficOptions{Resource: resource})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -415,6 +415,7 @@ func reachedRV(s *WatchStream) int64 {
 // see, for the checks of WatchReport.
 type Watchers struct {
 	namespace string
+	resource  Resource
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 
@@ -439,13 +440,13 @@ var watchTimeout = [2]int{2, 15}
 // object's), and whenever a stream ends (the server's timeout, a killed server, an error) resumes from the
 // last resourceVersion it saw; after a 410 Gone it starts over from a fresh list. seed makes the random
 // choices. The watchers run until Stop or until ctx ends.
-func StartWatchers(ctx context.Context, kubeconfig, namespace string, seed uint64) (*Watchers, error) {
+func StartWatchers(ctx context.Context, kubeconfig, namespace string, resource Resource, seed uint64) (*Watchers, error) {
 	servers, err := serverClients(kubeconfig)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	w := &Watchers{namespace: namespace, cancel: cancel}
+	w := &Watchers{namespace: namespace, resource: resource, cancel: cancel}
 	rng := rand.New(rand.NewPCG(seed, 0x3a7c4))
 	for _, s := range servers {
 		for i := range watchersPerServer {
@@ -453,8 +454,18 @@ func StartWatchers(ctx context.Context, kubeconfig, namespace string, seed uint6
 			if i == 0 {
 				origin = OriginNow
 			}
+			httpClient, err := rest.HTTPClientFor(s.config)
+			if err != nil {
+				cancel()
+				return nil, err
+			}
+			objs, err := resource.objectsFor(s.config, httpClient, namespace)
+			if err != nil {
+				cancel()
+				return nil, err
+			}
 			wt := &watcher{
-				w: w, name: fmt.Sprintf("%s/%s-%d", s.name, origin, i), server: s, origin: origin,
+				w: w, name: fmt.Sprintf("%s/%s-%d", s.name, origin, i), server: s, objects: objs, origin: origin,
 				rng: rand.New(rand.NewPCG(rng.Uint64(), rng.Uint64())),
 			}
 			w.wg.Add(1)
@@ -490,11 +501,12 @@ func (w *Watchers) add(s *WatchStream) {
 
 // watcher is one consumer: a chain of streams through one server.
 type watcher struct {
-	w      *Watchers
-	name   string
-	server serverClient
-	origin string
-	rng    *rand.Rand
+	w       *Watchers
+	name    string
+	server  serverClient
+	objects objects // the watched objects through server
+	origin  string
+	rng     *rand.Rand
 }
 
 func (wt *watcher) run(ctx context.Context) {
@@ -545,22 +557,16 @@ func (wt *watcher) pause(ctx context.Context) {
 func (wt *watcher) startRV(ctx context.Context) (int64, error) {
 	lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	list, err := wt.server.client.CoreV1().ConfigMaps(wt.w.namespace).List(lctx, metav1.ListOptions{})
+	listRV, items, err := wt.objects.list(lctx)
 	if err != nil {
 		return 0, err
 	}
-	listRV, err := parseRV(list.ResourceVersion)
-	if err != nil {
-		return 0, fmt.Errorf("list: %w", err)
-	}
-	if wt.origin == OriginNow || len(list.Items) == 0 {
+	if wt.origin == OriginNow || len(items) == 0 {
 		return listRV, nil
 	}
 	var rvs []int64
-	for i := range list.Items {
-		if rv, err := parseRV(list.Items[i].ResourceVersion); err == nil {
-			rvs = append(rvs, rv)
-		}
+	for _, it := range items {
+		rvs = append(rvs, it.RV)
 	}
 	if len(rvs) == 0 {
 		return listRV, nil
@@ -577,7 +583,7 @@ func (wt *watcher) stream(ctx context.Context, s *WatchStream) {
 	// A partitioned server may never close the stream: give up some time after its timeout.
 	wctx, cancel := context.WithTimeout(ctx, time.Duration(timeout)*time.Second+10*time.Second)
 	defer cancel()
-	wi, err := wt.server.client.CoreV1().ConfigMaps(wt.w.namespace).Watch(wctx, metav1.ListOptions{
+	wi, err := wt.objects.watch(wctx, metav1.ListOptions{
 		ResourceVersion: fmt.Sprint(s.StartRV), AllowWatchBookmarks: true, TimeoutSeconds: &timeout,
 	})
 	if err != nil {
@@ -609,7 +615,7 @@ func (wt *watcher) stream(ctx context.Context, s *WatchStream) {
 				s.Err, s.Code = err.Error(), statusCode(err)
 				return
 			}
-			e, err := watchEvent(ev)
+			e, err := watchEvent(wt.objects, ev)
 			if err != nil {
 				s.Err = err.Error()
 				return
@@ -619,19 +625,15 @@ func (wt *watcher) stream(ctx context.Context, s *WatchStream) {
 	}
 }
 
-// watchEvent records a watch event of a ConfigMap.
-func watchEvent(ev watch.Event) (WatchEvent, error) {
-	cm, ok := ev.Object.(*corev1.ConfigMap)
-	if !ok {
-		return WatchEvent{}, fmt.Errorf("a %s event carries a %T, not a ConfigMap", ev.Type, ev.Object)
-	}
-	rv, err := parseRV(cm.ResourceVersion)
+// watchEvent records a watch event of one of the objects.
+func watchEvent(objs objects, ev watch.Event) (WatchEvent, error) {
+	name, value, rv, err := objs.event(ev)
 	if err != nil {
 		return WatchEvent{}, fmt.Errorf("a %s event: %w", ev.Type, err)
 	}
 	e := WatchEvent{Type: ev.Type, RV: rv, At: time.Now()}
 	if ev.Type != watch.Bookmark {
-		e.Name, e.Value = cm.Name, configMapValue(cm)
+		e.Name, e.Value = name, value
 	}
 	return e, nil
 }

@@ -366,7 +366,7 @@ func TestWatchersAndConvergence(t *testing.T) {
 		t.Fatalf("goroutine counts %v: %v", before, err)
 	}
 	nodes := StartNodeWatch(ctx, kubeconfig)
-	watchers, err := StartWatchers(ctx, kubeconfig, ns, 42)
+	watchers, err := StartWatchers(ctx, kubeconfig, ns, ConfigMaps, 42)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +396,7 @@ func TestWatchersAndConvergence(t *testing.T) {
 func TestWatchersSurviveAServerShutdown(t *testing.T) {
 	const ns = "chaos-watch-down"
 	peers, kubeconfig, ctx := startWatchTest(t, ns)
-	watchers, err := StartWatchers(ctx, kubeconfig, ns, 7)
+	watchers, err := StartWatchers(ctx, kubeconfig, ns, ConfigMaps, 7)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -427,7 +427,7 @@ func TestServerClientsNeedsAContext(t *testing.T) {
 	if err := os.WriteFile(path, []byte("apiVersion: v1\nkind: Config\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := StartWatchers(context.Background(), path, "ns", 1); err == nil {
+	if _, err := StartWatchers(context.Background(), path, "ns", ConfigMaps, 1); err == nil {
 		t.Fatal("no error for a kubeconfig without contexts")
 	}
 }
