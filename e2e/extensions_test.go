@@ -1,0 +1,258 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/skiff-dev/skiff/internal/proctest"
+)
+
+// crdBundles are real CRD bundles of public projects, read unmodified from their Go modules (the module
+// proxy serves them with the rest of the module cache): cert-manager's, the Prometheus operator's (large
+// enough to need server-side apply) and the Gateway API's standard channel (CEL rules throughout).
+var crdBundles = []struct{ module, dir string }{
+	{"github.com/cert-manager/cert-manager@v1.21.2", "deploy/crds"},
+	{"github.com/prometheus-operator/prometheus-operator@v0.85.0", "example/prometheus-operator-crd"},
+	{"sigs.k8s.io/gateway-api@v1.6.3", "config/crd/standard"},
+}
+
+// moduleDir downloads a module (or finds it in the module cache) and returns its directory.
+func moduleDir(t *testing.T, module string) string {
+	t.Helper()
+	out, err := exec.Command("go", "mod", "download", "-json", module).Output()
+	if err != nil {
+		t.Fatalf("go mod download %s: %v\n%s", module, err, out)
+	}
+	var info struct{ Dir, Error string }
+	if err := json.Unmarshal(out, &info); err != nil || info.Dir == "" {
+		t.Fatalf("go mod download %s: %v %s", module, err, info.Error)
+	}
+	return info.Dir
+}
+
+// TestCustomResourcesWithKubectl is issue 28's kubectl acceptance on three servers: a CRD applied through
+// one server is served by every server; api-resources, explain, get -w, edit, patch --subresource=status and
+// scale work on its objects; every APIService is Available; and the CRD bundles of cert-manager, the
+// Prometheus operator and the Gateway API install with `kubectl apply --server-side` and validate and default
+// their objects as on kube-apiserver.
+func TestCustomResourcesWithKubectl(t *testing.T) {
+	if _, err := exec.LookPath("kubectl"); err != nil {
+		t.Skip("kubectl not installed")
+	}
+	c := proctest.NewCluster(t, 3, "")
+	for _, p := range c.Procs {
+		c.Start(p)
+	}
+	var ks []kubectl
+	for _, p := range c.Procs {
+		k := kubectl{t: t, kubeconfig: p.Kubeconfig()}
+		k.waitForAPI("kube-system")
+		ks = append(ks, k)
+	}
+	k1, k2, k3 := ks[0], ks[1], ks[2]
+
+	t.Run("every server serves a new CRD", func(t *testing.T) {
+		start := time.Now()
+		k1.withT(t).ok("apply", "-f", "testdata/crontab-crd.yaml")
+		k1.withT(t).ok("wait", "--for=condition=Established", "crd/crontabs.stable.example.com", "--timeout=30s")
+		for i, k := range ks {
+			k := k.withT(t)
+			proctest.WaitFor(t, fmt.Sprintf("server %d serving crontabs", i+1), 30*time.Second, func() error {
+				if out, err := k.run("get", "crontabs"); err != nil {
+					return fmt.Errorf("%v: %s", err, out)
+				}
+				return nil
+			})
+			t.Logf("server %d serves crontabs %v after the apply", i+1, time.Since(start).Round(time.Millisecond))
+		}
+		applyYAML(t, k3.withT(t), `apiVersion: stable.example.com/v1
+kind: CronTab
+metadata: {name: nightly, labels: {team: a}}
+spec: {cronSpec: "0 3 * * *", image: "backup:1"}
+`)
+		mustContain(t, "get through another server", k2.withT(t).ok("get", "ct", "nightly"), "NAME", "SPEC", "REPLICAS", "nightly", "0 3 * * *", "1")
+		mustContain(t, "get all", k1.withT(t).ok("get", "all"), "crontab.stable.example.com/nightly")
+		mustContain(t, "selectable field", k1.withT(t).ok("get", "crontabs", "--field-selector", "spec.image=backup:1"), "nightly")
+	})
+
+	t.Run("kubectl verbs", func(t *testing.T) {
+		k := k2.withT(t)
+		mustContain(t, "api-resources", k.ok("api-resources", "--api-group=stable.example.com"), "crontabs", "ct", "stable.example.com/v1", "true", "CronTab")
+		mustContain(t, "explain", k.ok("explain", "crontab.spec"), "cronSpec", "The schedule, in cron format.")
+		bad := `apiVersion: stable.example.com/v1
+kind: CronTab
+metadata: {name: bad}
+spec: {cronSpec: "never", replicas: 11}
+`
+		out, _ := runWithStdin(k, bad, "apply", "-f", "-")
+		mustContain(t, "validation", out, "spec.cronSpec", "at most 10 replicas")
+
+		// A watch through one server sees an edit, a status patch and a scale made through others.
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		watch := exec.CommandContext(ctx, "kubectl", "--kubeconfig", k3.kubeconfig, "get", "crontabs", "-w", "--output-watch-events", "-o", "custom-columns=EVENT:.type,NAME:.object.metadata.name,IMAGE:.object.spec.image,REPLICAS:.object.spec.replicas,STATUS:.object.status.replicas")
+		stdout, err := watch.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := watch.Start(); err != nil {
+			t.Fatal(err)
+		}
+		lines := make(chan string, 100)
+		go func() {
+			s := bufio.NewScanner(stdout)
+			for s.Scan() {
+				lines <- s.Text()
+			}
+			close(lines)
+		}()
+		defer func() { cancel(); watch.Wait() }()
+		waitLine := func(what string, want ...string) {
+			t.Helper()
+			for {
+				select {
+				case line, ok := <-lines:
+					if !ok {
+						t.Fatalf("watch ended before %s", what)
+					}
+					all := true
+					for _, w := range want {
+						all = all && strings.Contains(line, w)
+					}
+					if all {
+						return
+					}
+				case <-ctx.Done():
+					t.Fatalf("no watch event for %s", what)
+				}
+			}
+		}
+		waitLine("the first listing", "ADDED", "nightly")
+		editor := filepath.Join(t.TempDir(), "editor.sh")
+		if err := os.WriteFile(editor, []byte("#!/bin/sh\nsed -i 's/image: backup:1/image: backup:2/' \"$1\"\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		edit := exec.Command("kubectl", "--kubeconfig", k1.kubeconfig, "edit", "crontab", "nightly")
+		edit.Env = append(os.Environ(), "KUBE_EDITOR="+editor)
+		if out, err := edit.CombinedOutput(); err != nil || !strings.Contains(string(out), "edited") {
+			t.Fatalf("kubectl edit: %v\n%s", err, out)
+		}
+		waitLine("the edit", "MODIFIED", "backup:2")
+		k1.withT(t).ok("patch", "crontab", "nightly", "--subresource=status", "--type=merge", "-p", `{"status":{"replicas":1,"selector":"team=a"}}`)
+		waitLine("the status patch", "MODIFIED", "backup:2", "1")
+		k2.withT(t).ok("scale", "crontab", "nightly", "--replicas=3")
+		waitLine("the scale", "MODIFIED", "backup:2", "3")
+	})
+
+	t.Run("APIServices", func(t *testing.T) {
+		k := k1.withT(t)
+		proctest.WaitFor(t, "every APIService Available", 30*time.Second, func() error {
+			out, err := k.run("get", "apiservices", "--no-headers")
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			for _, want := range []string{"v1.stable.example.com", "v1.apps", "v1.apiextensions.k8s.io", "v1beta1.metrics.k8s.io"} {
+				if !strings.Contains(out, want) {
+					return fmt.Errorf("%s missing:\n%s", want, out)
+				}
+			}
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				if f := strings.Fields(line); len(f) < 3 || f[2] != "True" {
+					return fmt.Errorf("not Available: %s", line)
+				}
+			}
+			return nil
+		})
+	})
+
+	t.Run("real CRD bundles", func(t *testing.T) {
+		k := k1.withT(t)
+		for _, b := range crdBundles {
+			dir := filepath.Join(moduleDir(t, b.module), b.dir)
+			out := k.ok("apply", "--server-side", "-f", dir)
+			t.Logf("%s: %d CRDs applied", b.module, strings.Count(out, "serverside-applied"))
+		}
+		k.ok("wait", "--for=condition=Established", "crd", "--all", "--timeout=60s")
+		// Objects as each project's users write them: valid ones are stored with their defaults, invalid ones
+		// are refused with the field named, by the OpenAPI schema or a CEL rule.
+		applyYAML(t, k, `apiVersion: cert-manager.io/v1
+kind: Issuer
+metadata: {name: selfsigned}
+spec: {selfSigned: {}}
+---
+apiVersion: cert-manager.io/v1
+kind: Certificate
+metadata: {name: web}
+spec:
+  secretName: web-tls
+  dnsNames: [web.example.com]
+  issuerRef: {name: selfsigned}
+---
+apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata: {name: web}
+spec:
+  selector: {matchLabels: {app: web}}
+  endpoints: [{port: http}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: skiff}
+spec: {controllerName: example.com/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web}
+spec:
+  parentRefs: [{name: gw}]
+  rules:
+  - backendRefs: [{name: web, port: 80}]
+`)
+		// Gateway API defaults: a rule without matches matches every path by prefix.
+		if got := k.ok("get", "httproute", "web", "-o", "jsonpath={.spec.rules[0].matches[0].path.type} {.spec.rules[0].matches[0].path.value}"); got != "PathPrefix /" {
+			t.Errorf("HTTPRoute defaults: %q; want \"PathPrefix /\"", got)
+		}
+		out, _ := runWithStdin(k, `apiVersion: cert-manager.io/v1
+kind: Certificate
+metadata: {name: nosecret}
+spec:
+  dnsNames: [a.example.com]
+  issuerRef: {name: selfsigned}
+`, "apply", "-f", "-")
+		mustContain(t, "cert-manager schema", out, "spec.secretName", "Required value")
+		out, _ = runWithStdin(k, `apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: badpath}
+spec:
+  rules:
+  - matches: [{path: {type: PathPrefix, value: "/a//b"}}]
+`, "apply", "-f", "-")
+		mustContain(t, "Gateway API CEL rule", out, "must not contain '//'")
+		out, _ = runWithStdin(k, `apiVersion: monitoring.coreos.com/v1
+kind: ServiceMonitor
+metadata: {name: bad}
+spec:
+  selector: {}
+  endpoints: [{port: http, scheme: gopher}]
+`, "apply", "-f", "-")
+		mustContain(t, "Prometheus operator schema", out, "scheme", "Unsupported value")
+	})
+}
+
+// runWithStdin runs kubectl with input on its standard input, returning its output and error.
+func runWithStdin(k kubectl, input string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "kubectl", append([]string{"--kubeconfig", k.kubeconfig}, args...)...)
+	cmd.Stdin = strings.NewReader(input)
+	out, err := cmd.CombinedOutput()
+	return string(out), err
+}
