@@ -18,11 +18,13 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/registry/generic"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/storage/storagebackend"
 	"k8s.io/apiserver/pkg/storage/value"
 	"k8s.io/apiserver/pkg/util/webhook"
+	"k8s.io/client-go/tools/cache"
 
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
 )
@@ -60,12 +62,39 @@ func New(c Config, delegate genericapiserver.DelegationTarget) (*apiextensionsap
 			AuthResolverWrapper: c.AuthResolverWrapper,
 		},
 	}
+	// The library's crd-informer-synced hook fails when the server stops before the CRD informer has synced
+	// (a server stopped during its bootstrap, before the store answers), and a failed post-start hook is
+	// klog.Fatal: the whole process would exit, skipping Skiff's own shutdown (Raft, gossip leave), and
+	// every other server of a test process with it. It is replaced by one that holds the same discovery
+	// signal (custom resource paths answer 503, not 404, until the informer has synced) and ends quietly.
+	disabled := sets.NewString(generic.Config.DisabledPostStartHooks.List()...)
+	generic.Config.DisabledPostStartHooks = disabled.Insert(crdInformerSyncedHook)
 	server, err := cfg.Complete().New(delegate)
 	if err != nil {
 		return nil, fmt.Errorf("the extensions server: %w", err)
 	}
+	delete(server.GenericAPIServer.MuxAndDiscoveryCompleteSignals(), crdInformerSyncedSignal)
+	synced := make(chan struct{})
+	if err := server.GenericAPIServer.RegisterMuxAndDiscoveryCompleteSignal(crdInformerSyncedSignal, synced); err != nil {
+		return nil, err
+	}
+	informer := server.Informers.Apiextensions().V1().CustomResourceDefinitions().Informer()
+	if err := server.GenericAPIServer.AddPostStartHook("skiff-"+crdInformerSyncedHook, func(ctx genericapiserver.PostStartHookContext) error {
+		if cache.WaitForCacheSync(ctx.Done(), informer.HasSynced) {
+			close(synced)
+		}
+		return nil
+	}); err != nil {
+		return nil, err
+	}
 	return server, nil
 }
+
+// The library's names of the hook and the discovery signal that wait for the CRD informer.
+const (
+	crdInformerSyncedHook   = "crd-informer-synced"
+	crdInformerSyncedSignal = "CRDInformerHasNotSynced"
+)
 
 // restOptionsGetter gives a resource of the extensions server its storage in the Raft store, under
 // /registry/<group>/<resource>/, the keys kube-apiserver uses for custom resources in etcd.
