@@ -1,13 +1,19 @@
 package apiserver
 
 import (
+	"net/url"
+
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsopenapi "k8s.io/apiextensions-apiserver/pkg/generated/openapi"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/authentication/request/headerrequest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
+	"k8s.io/apiserver/pkg/util/proxy"
+	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corelisters "k8s.io/client-go/listers/core/v1"
+	"k8s.io/client-go/rest"
 	aggregatoropenapi "k8s.io/kube-aggregator/pkg/generated/openapi"
 	"k8s.io/kube-openapi/pkg/common"
 	"k8s.io/kubernetes/pkg/controlplane/controller/clusterauthenticationtrust"
@@ -92,3 +98,32 @@ func extensionAuthentication(clientCAPEM, frontProxyCAPEM []byte, client kuberne
 // FrontProxyClientName is the common name of the aggregator's front-proxy client certificate, the one name
 // extension API servers accept proxied requests from.
 const FrontProxyClientName = "front-proxy-client"
+
+// serviceResolver finds a webhook Service's endpoint for the servers: a ready endpoint of the Service's
+// port, from the EndpointSlices, as kube-apiserver's endpoint routing does (kube-aggregator's
+// NewEndpointServiceResolver). The webhook client still verifies the certificate for <service>.<namespace>.svc.
+type serviceResolver struct {
+	services corelisters.ServiceLister
+	slices   proxy.EndpointSliceGetter
+	loopback *url.URL
+}
+
+func newServiceResolver(loopback *rest.Config, factory informers.SharedInformerFactory) (*serviceResolver, error) {
+	slices, err := proxy.NewEndpointSliceIndexerGetter(factory.Discovery().V1().EndpointSlices())
+	if err != nil {
+		return nil, err
+	}
+	host, err := url.Parse(loopback.Host)
+	if err != nil {
+		return nil, err
+	}
+	return &serviceResolver{services: factory.Core().V1().Services().Lister(), slices: slices, loopback: host}, nil
+}
+
+// ResolveEndpoint is webhook.ServiceResolver.
+func (r *serviceResolver) ResolveEndpoint(namespace, name string, port int32) (*url.URL, error) {
+	if namespace == "default" && name == "kubernetes" && port == 443 {
+		return &url.URL{Scheme: "https", Host: r.loopback.Host}, nil
+	}
+	return proxy.ResolveEndpoint(r.services, r.slices, namespace, name, port)
+}

@@ -20,7 +20,7 @@ import (
 // Admission configuration, admissionregistration.k8s.io/v1: mutating and validating webhook configurations,
 // ValidatingAdmissionPolicies and their bindings, with kube's registry strategies and validation (webhook
 // rules, CEL expressions compiled at write, paramKind authorization) through the converting adapter
-// (kubestrategy.go). The library's admission plugins enforce them (admission_policy.go).
+// (kubestrategy.go). The library's admission plugins enforce them (package apiserver/admission, policy.go).
 
 func init() {
 	utilruntime.Must(admissionregistration.AddToScheme(kubeScheme))

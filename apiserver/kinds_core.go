@@ -2,6 +2,7 @@ package apiserver
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -14,6 +15,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/kubernetes/pkg/apis/core"
+	limitrangeregistry "k8s.io/kubernetes/pkg/registry/core/limitrange"
 )
 
 // Namespaces.
@@ -337,3 +340,31 @@ var nodeColumns = []column{
 
 // maxClientIPAffinitySeconds is Kubernetes' cap on sessionAffinityConfig.clientIP.timeoutSeconds (a day).
 const maxClientIPAffinitySeconds = 86400
+
+// limitRangeStrategies are kube's LimitRange strategy, with its v1 defaults.
+var limitRangeStrategies = &kubeStrategies{
+	internal: func() runtime.Object { return &core.LimitRange{} },
+	main:     limitrangeregistry.Strategy,
+}
+
+// resourceQuotaColumns are `kubectl get quota`'s columns, as kube-apiserver prints them: used/hard of each
+// resource, the limits.* ones under LIMIT and the others under REQUEST.
+var resourceQuotaColumns = []column{
+	nameColumn,
+	ageColumn,
+	{name: "Request", typ: "string", value: func(o runtime.Object) any { return quotaUsage(o.(*corev1.ResourceQuota), false) }},
+	{name: "Limit", typ: "string", value: func(o runtime.Object) any { return quotaUsage(o.(*corev1.ResourceQuota), true) }},
+}
+
+func quotaUsage(rq *corev1.ResourceQuota, limits bool) string {
+	var parts []string
+	for _, name := range slices.Sorted(maps.Keys(rq.Status.Hard)) {
+		if strings.HasPrefix(string(name), "limits.") != limits {
+			continue
+		}
+		used := rq.Status.Used[name]
+		hard := rq.Status.Hard[name]
+		parts = append(parts, fmt.Sprintf("%s: %s/%s", name, used.String(), hard.String()))
+	}
+	return strings.Join(parts, ", ")
+}

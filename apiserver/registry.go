@@ -182,7 +182,7 @@ var kinds = []*kind{
 		shortNames: []string{"pc"}},
 
 	// admissionregistration.k8s.io/v1: Kubernetes' own strategies and validation (kinds_admissionregistration.go),
-	// enforced by the library's admission plugins (admission_policy.go).
+	// enforced by the library's admission plugins (package apiserver/admission, policy.go).
 	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "validatingwebhookconfigurations", singular: "validatingwebhookconfiguration",
 		newFunc: obj[admissionregistrationv1.ValidatingWebhookConfiguration](), newListFunc: obj[admissionregistrationv1.ValidatingWebhookConfigurationList](),
 		kube: validatingWebhookConfigurationStrategies, columns: webhookConfigurationColumns},

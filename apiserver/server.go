@@ -19,8 +19,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/apiserver/pkg/admission"
-	"k8s.io/apiserver/pkg/admission/plugin/namespace/lifecycle"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/endpoints/discovery/aggregated"
 	genericapifilters "k8s.io/apiserver/pkg/endpoints/filters"
@@ -44,6 +42,7 @@ import (
 	"k8s.io/kubernetes/pkg/registry/admissionregistration/resolver"
 	metricsv1beta1 "k8s.io/metrics/pkg/apis/metrics/v1beta1"
 
+	"github.com/skiff-dev/skiff/apiserver/admission"
 	"github.com/skiff-dev/skiff/apiserver/aggregator"
 	"github.com/skiff-dev/skiff/apiserver/extensions"
 	"github.com/skiff-dev/skiff/apiserver/openapi"
@@ -106,6 +105,9 @@ type Config struct {
 	FrontProxyCAPEM                                   []byte
 	FrontProxyClientCertFile, FrontProxyClientKeyFile string
 }
+
+// PodSecurityConfig is the server's PodSecurity defaults and exemptions (server HCL pod_security).
+type PodSecurityConfig = admission.PodSecurityConfig
 
 // Server is a running Kubernetes API on one peer: the chain's outermost server, the aggregator.
 type Server struct {
@@ -188,7 +190,18 @@ func New(c Config) (*Server, error) {
 	if c.DefaultTolerationSeconds != nil {
 		tolerationSeconds = *c.DefaultTolerationSeconds
 	}
-	if cfg.AdmissionControl, err = admissionChain(cfg, client, tolerationSeconds, c.PodSecurity); err != nil {
+	// One resolver finds webhooks' and extension servers' Services for the admission webhooks and the three
+	// servers of the chain.
+	services, err := newServiceResolver(cfg.LoopbackClientConfig, cfg.SharedInformerFactory)
+	if err != nil {
+		return nil, err
+	}
+	certs, err := certificateAdmission(cfg.Authorization.Authorizer)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.AdmissionControl, err = admission.NewChain(cfg, admission.Config{Client: client, TolerationSeconds: tolerationSeconds,
+		PodSecurity: c.PodSecurity, Certificates: certs, ServiceResolver: services}); err != nil {
 		return nil, err
 	}
 	if c.Audit != nil {
@@ -208,10 +221,6 @@ func New(c Config) (*Server, error) {
 
 	// The chain, innermost first (package doc): the extensions server, the built-in kinds delegating to it,
 	// the aggregator in front. Each works on a copy of the shared config, taken before any is completed.
-	services, err := newServiceResolver(cfg.LoopbackClientConfig, cfg.SharedInformerFactory)
-	if err != nil {
-		return nil, err
-	}
 	aggregatorConfig := *cfg
 	ext, err := extensions.New(extensions.Config{Generic: cfg, Backend: c.Backend, Transformers: c.Transformers,
 		ServiceResolver: services, AuthResolverWrapper: webhook.NewDefaultAuthenticationInfoResolverWrapper(nil, nil, cfg.LoopbackClientConfig, nil)},
@@ -271,48 +280,6 @@ func New(c Config) (*Server, error) {
 	// default minute; clients reconnect to another peer anyway.
 	agg.GenericAPIServer.ShutdownTimeout = 3 * time.Second
 	return &Server{aggregator: agg}, nil
-}
-
-// admissionChain runs the admission plugins in Kubernetes' default order (kube-apiserver's
-// AllOrderedPlugins, of those Skiff serves): NamespaceLifecycle, from the library; LimitRanger
-// (admission_limitranger.go); ServiceAccount, which gives pods their account and API token volume;
-// NodeRestriction; PodSecurity (admission_podsecurity.go); Priority, which resolves a pod's
-// priorityClassName; DefaultTolerationSeconds; DefaultStorageClass; StorageObjectInUseProtection; the
-// certificate plugins (certificates.go); the library's MutatingAdmissionWebhook, ValidatingAdmissionPolicy
-// and ValidatingAdmissionWebhook (admission_policy.go); and last, ResourceQuota (admission_quota.go). The
-// chain runs every plugin's mutation in this order, then every plugin's validation. Skiff's defaulting runs
-// in each kind's strategy.
-func admissionChain(cfg *genericapiserver.RecommendedConfig, client kubernetes.Interface, tolerationSeconds int64, podSecurityConfig PodSecurityConfig) (admission.Interface, error) {
-	factory, drained := cfg.SharedInformerFactory, cfg.DrainedNotify()
-	nl, err := lifecycle.NewLifecycle(sets.New(metav1.NamespaceDefault, metav1.NamespaceSystem, metav1.NamespacePublic))
-	if err != nil {
-		return nil, err
-	}
-	nl.SetExternalKubeInformerFactory(factory)
-	nl.SetExternalKubeClientSet(client)
-	if err := nl.ValidateInitialization(); err != nil {
-		return nil, err
-	}
-	podSecurity, err := newPodSecurity(podSecurityConfig, client, factory)
-	if err != nil {
-		return nil, err
-	}
-	certs, err := certificateAdmission(cfg.Authorization.Authorizer)
-	if err != nil {
-		return nil, err
-	}
-	policies, err := newPolicyPlugins(cfg.LoopbackClientConfig, client, factory, cfg.Authorization.Authorizer, cfg.EffectiveVersion, drained)
-	if err != nil {
-		return nil, err
-	}
-	quota, err := newResourceQuota(client, factory, drained)
-	if err != nil {
-		return nil, err
-	}
-	return admission.NewChainHandler(nl, newLimitRanger(factory.Core().V1().LimitRanges().Lister()), newServiceAccountAdmission(client, factory),
-		newNodeRestriction(factory.Core().V1().Pods().Lister(), factory.Core().V1().PersistentVolumes().Lister()), podSecurity, newPriorityAdmission(factory),
-		newDefaultTolerationAdmission(tolerationSeconds), newDefaultStorageClass(factory.Storage().V1().StorageClasses().Lister()),
-		newStorageObjectInUseProtection(), certs, policies.mutating, policies.policy, policies.validating, quota), nil
 }
 
 // installAPIs installs every kind of the registry table, grouped by API group.

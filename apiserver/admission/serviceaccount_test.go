@@ -1,4 +1,4 @@
-package apiserver
+package admission
 
 import (
 	"context"
@@ -188,15 +188,6 @@ func TestTokenVolumeSource(t *testing.T) {
 	if ns == nil || len(ns.Items) != 1 || ns.Items[0].Path != "namespace" || ns.Items[0].FieldRef == nil || ns.Items[0].FieldRef.FieldPath != "metadata.namespace" {
 		t.Errorf("namespace source %+v", ns)
 	}
-	// The volume passes pod validation, with its name.
-	pod := samplePod()
-	pod.Spec.EphemeralContainers = nil
-	pod.Spec.RestartPolicy = corev1.RestartPolicyAlways
-	pod.Spec.Volumes = []corev1.Volume{{Name: "kube-api-access-abcde", VolumeSource: corev1.VolumeSource{Projected: v}}}
-	pod.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{tokenMount}
-	if errs := validatePod(pod); len(errs) > 0 {
-		t.Errorf("validatePod: %v", errs)
-	}
 }
 
 func TestServiceAccountAdmissionLookups(t *testing.T) {
@@ -299,7 +290,8 @@ func TestServiceAccountAdmissionUpdates(t *testing.T) {
 	p, _ := testServiceAccountAdmission(t, []*corev1.ServiceAccount{account("default", nil)})
 	old := samplePod()
 	old.Spec.ServiceAccountName = "default"
-	// A plain update is not changed: the spec is immutable, and pod validation says so.
+	// A plain update is not changed: the spec is immutable, and pod validation says so (package apiserver's
+	// TestPodServiceAccountNameImmutable).
 	pod := old.DeepCopy()
 	pod.Spec.ServiceAccountName = "robot"
 	if err := p.Admit(context.Background(), podAttrs(pod, old, admission.Update, ""), nil); err != nil {
@@ -310,9 +302,6 @@ func TestServiceAccountAdmissionUpdates(t *testing.T) {
 	}
 	if len(pod.Spec.Volumes) != 0 || pod.Spec.ServiceAccountName != "robot" {
 		t.Errorf("an update was changed: %+v", pod.Spec)
-	}
-	if errs := validatePodUpdate(pod, old); len(errs) == 0 {
-		t.Error("validatePodUpdate allows a new serviceAccountName")
 	}
 	// Ephemeral containers need the pod's account.
 	if err := p.Validate(context.Background(), podAttrs(old, old, admission.Update, "ephemeralcontainers"), nil); err != nil {

@@ -1,11 +1,6 @@
-package apiserver
+package admission
 
 import (
-	"fmt"
-	"strings"
-
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/plugin/resourcequota"
 	resourcequotaapi "k8s.io/apiserver/pkg/admission/plugin/resourcequota/apis/resourcequota"
@@ -46,26 +41,4 @@ func newResourceQuota(client kubernetes.Interface, factory informers.SharedInfor
 		return nil, err
 	}
 	return plugin, nil
-}
-
-// resourceQuotaColumns are `kubectl get quota`'s columns, as kube-apiserver prints them: used/hard of each
-// resource, the limits.* ones under LIMIT and the others under REQUEST.
-var resourceQuotaColumns = []column{
-	nameColumn,
-	ageColumn,
-	{name: "Request", typ: "string", value: func(o runtime.Object) any { return quotaUsage(o.(*corev1.ResourceQuota), false) }},
-	{name: "Limit", typ: "string", value: func(o runtime.Object) any { return quotaUsage(o.(*corev1.ResourceQuota), true) }},
-}
-
-func quotaUsage(rq *corev1.ResourceQuota, limits bool) string {
-	var parts []string
-	for _, name := range sortedNames(rq.Status.Hard) {
-		if strings.HasPrefix(string(name), "limits.") != limits {
-			continue
-		}
-		used := rq.Status.Used[name]
-		hard := rq.Status.Hard[name]
-		parts = append(parts, fmt.Sprintf("%s: %s/%s", name, used.String(), hard.String()))
-	}
-	return strings.Join(parts, ", ")
 }

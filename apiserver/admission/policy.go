@@ -1,8 +1,7 @@
-package apiserver
+package admission
 
 import (
 	"fmt"
-	"net/url"
 	"time"
 
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -14,13 +13,11 @@ import (
 	"k8s.io/apiserver/pkg/admission/plugin/webhook/validating"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
-	"k8s.io/apiserver/pkg/util/proxy"
 	"k8s.io/apiserver/pkg/util/webhook"
 	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/restmapper"
 	basecompatibility "k8s.io/component-base/compatibility"
@@ -37,7 +34,7 @@ type policyPlugins struct {
 }
 
 func newPolicyPlugins(loopback *rest.Config, client kubernetes.Interface, factory informers.SharedInformerFactory, authz authorizer.Authorizer,
-	version basecompatibility.EffectiveVersion, drained <-chan struct{}) (*policyPlugins, error) {
+	version basecompatibility.EffectiveVersion, drained <-chan struct{}, services webhook.ServiceResolver) (*policyPlugins, error) {
 	dynamicClient, err := dynamic.NewForConfig(loopback)
 	if err != nil {
 		return nil, err
@@ -55,10 +52,6 @@ func newPolicyPlugins(loopback *rest.Config, client kubernetes.Interface, factor
 			}
 		}
 	}()
-	services, err := newServiceResolver(loopback, factory)
-	if err != nil {
-		return nil, err
-	}
 	initializers := admission.PluginInitializers{
 		initializer.New(client, dynamicClient, factory, authz, utilfeature.DefaultFeatureGate, version, drained, mapper),
 		webhookinit.NewPluginInitializer(webhook.NewDefaultAuthenticationInfoResolverWrapper(nil, nil, loopback, nil), services),
@@ -94,33 +87,4 @@ func newPolicyPlugins(loopback *rest.Config, client kubernetes.Interface, factor
 		*p.into = p.plugin
 	}
 	return out, nil
-}
-
-// serviceResolver finds a webhook Service's endpoint for the servers: a ready endpoint of the Service's
-// port, from the EndpointSlices, as kube-apiserver's endpoint routing does (kube-aggregator's
-// NewEndpointServiceResolver). The webhook client still verifies the certificate for <service>.<namespace>.svc.
-type serviceResolver struct {
-	services corelisters.ServiceLister
-	slices   proxy.EndpointSliceGetter
-	loopback *url.URL
-}
-
-func newServiceResolver(loopback *rest.Config, factory informers.SharedInformerFactory) (*serviceResolver, error) {
-	slices, err := proxy.NewEndpointSliceIndexerGetter(factory.Discovery().V1().EndpointSlices())
-	if err != nil {
-		return nil, err
-	}
-	host, err := url.Parse(loopback.Host)
-	if err != nil {
-		return nil, err
-	}
-	return &serviceResolver{services: factory.Core().V1().Services().Lister(), slices: slices, loopback: host}, nil
-}
-
-// ResolveEndpoint is webhook.ServiceResolver.
-func (r *serviceResolver) ResolveEndpoint(namespace, name string, port int32) (*url.URL, error) {
-	if namespace == "default" && name == "kubernetes" && port == 443 {
-		return &url.URL{Scheme: "https", Host: r.loopback.Host}, nil
-	}
-	return proxy.ResolveEndpoint(r.services, r.slices, namespace, name, port)
 }

@@ -1,4 +1,4 @@
-package apiserver
+package admission
 
 import (
 	"context"
@@ -9,12 +9,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apiresource "k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
-	"k8s.io/apimachinery/pkg/runtime"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apiserver/pkg/admission"
 	corev1listers "k8s.io/client-go/listers/core/v1"
-	"k8s.io/kubernetes/pkg/apis/core"
-	limitrangeregistry "k8s.io/kubernetes/pkg/registry/core/limitrange"
 )
 
 // limitRanger is Kubernetes' LimitRanger admission, written again on v1 objects (the library's plugin casts
@@ -37,12 +34,6 @@ var (
 	_ admission.MutationInterface   = &limitRanger{}
 	_ admission.ValidationInterface = &limitRanger{}
 )
-
-// limitRangeStrategies are kube's LimitRange strategy, with its v1 defaults.
-var limitRangeStrategies = &kubeStrategies{
-	internal: func() runtime.Object { return &core.LimitRange{} },
-	main:     limitrangeregistry.Strategy,
-}
 
 // limitRangerAnnotation lists on a pod what LimitRanger set, as Kubernetes does.
 const limitRangerAnnotation = "kubernetes.io/limit-ranger"
