@@ -19,6 +19,8 @@ import (
 	authorizationapiv1 "k8s.io/kubernetes/pkg/apis/authorization/v1"
 	authorizationvalidation "k8s.io/kubernetes/pkg/apis/authorization/validation"
 	authorizationutil "k8s.io/kubernetes/pkg/registry/authorization/util"
+
+	"github.com/skiff-dev/skiff/apiserver/auth"
 )
 
 // The authorization.k8s.io/v1 reviews (`kubectl auth can-i`) and the authentication.k8s.io/v1 TokenReview
@@ -281,7 +283,7 @@ var (
 // apiAudiences are the audiences a TokenReview without spec.audiences asks for, and those the tokens of an
 // audience-agnostic authenticator (the admin token, node join tokens) are good for: kube-apiserver's
 // --api-audiences, which defaults to its service account issuer.
-var apiAudiences = authenticator.Audiences{ServiceAccountIssuer}
+var apiAudiences = authenticator.Audiences{auth.ServiceAccountIssuer}
 
 // errInvalidBearerToken is what kube's bearer token authenticator says of a token no authenticator accepts.
 const errInvalidBearerToken = "invalid bearer token"
@@ -355,6 +357,41 @@ func (r *tokenReviewREST) Create(ctx context.Context, obj runtime.Object, create
 			review.Status.User.Extra[k] = authenticationv1.ExtraValue(v)
 		}
 		review.Status.Audiences = resp.Audiences
+	}
+	return review, nil
+}
+
+// selfSubjectReviewREST answers authentication.k8s.io/v1 SelfSubjectReviews (`kubectl auth whoami`) with
+// the requester's own identity, as kube-apiserver does.
+type selfSubjectReviewREST struct{}
+
+var _ rest.Creater = selfSubjectReviewREST{}
+
+func (selfSubjectReviewREST) New() runtime.Object     { return &authenticationv1.SelfSubjectReview{} }
+func (selfSubjectReviewREST) Destroy()                {}
+func (selfSubjectReviewREST) NamespaceScoped() bool   { return false }
+func (selfSubjectReviewREST) GetSingularName() string { return "selfsubjectreview" }
+func (selfSubjectReviewREST) ConvertToTable(context.Context, runtime.Object, runtime.Object) (*metav1.Table, error) {
+	return nil, apierrors.NewMethodNotSupported(authenticationv1.Resource("selfsubjectreviews"), "list")
+}
+
+func (selfSubjectReviewREST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
+	if createValidation != nil {
+		if err := createValidation(ctx, obj); err != nil {
+			return nil, err
+		}
+	}
+	u, ok := genericapirequest.UserFrom(ctx)
+	if !ok {
+		return nil, apierrors.NewBadRequest("no user in the request")
+	}
+	review := &authenticationv1.SelfSubjectReview{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.Now()}}
+	review.Status.UserInfo = authenticationv1.UserInfo{Username: u.GetName(), UID: u.GetUID(), Groups: u.GetGroups()}
+	for k, v := range u.GetExtra() {
+		if review.Status.UserInfo.Extra == nil {
+			review.Status.UserInfo.Extra = map[string]authenticationv1.ExtraValue{}
+		}
+		review.Status.UserInfo.Extra[k] = v
 	}
 	return review, nil
 }

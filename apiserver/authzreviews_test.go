@@ -22,6 +22,8 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	"k8s.io/apiserver/pkg/registry/rest"
+
+	"github.com/skiff-dev/skiff/apiserver/auth"
 )
 
 // fakeAuthorizer allows alice to get pods in dev and GET /healthz, denies deletes (DecisionDeny), fails on
@@ -410,7 +412,7 @@ func (f *fakeTokens) AuthenticateToken(ctx context.Context, token string) (*auth
 		return &authenticator.Response{
 			User: &user.DefaultInfo{Name: "system:serviceaccount:dev:robot", UID: "sa-uid", Groups: []string{"system:serviceaccounts", "system:serviceaccounts:dev"},
 				Extra: map[string][]string{"authentication.kubernetes.io/pod-name": {"web-1"}}},
-			Audiences: authenticator.Audiences{ServiceAccountIssuer},
+			Audiences: authenticator.Audiences{auth.ServiceAccountIssuer},
 		}, true, nil
 	case "broken":
 		return nil, false, errors.New("service account token has been invalidated")
@@ -435,20 +437,20 @@ func TestTokenReview(t *testing.T) {
 		audiences   []string
 		want        authenticationv1.TokenReviewStatus
 	}{
-		{"admin token", "admin-token", nil, authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{ServiceAccountIssuer},
+		{"admin token", "admin-token", nil, authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{auth.ServiceAccountIssuer},
 			User: authenticationv1.UserInfo{Username: "admin", Groups: []string{user.SystemPrivilegedGroup, user.AllAuthenticated}, Extra: map[string]authenticationv1.ExtraValue{}}}},
-		{"service account token", "sa-token", nil, authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{ServiceAccountIssuer},
+		{"service account token", "sa-token", nil, authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{auth.ServiceAccountIssuer},
 			User: authenticationv1.UserInfo{Username: "system:serviceaccount:dev:robot", UID: "sa-uid", Groups: []string{"system:serviceaccounts", "system:serviceaccounts:dev"},
 				Extra: map[string]authenticationv1.ExtraValue{"authentication.kubernetes.io/pod-name": {"web-1"}}}}},
-		{"service account token for the API and another audience", "sa-token", []string{"vault", ServiceAccountIssuer},
-			authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{ServiceAccountIssuer},
+		{"service account token for the API and another audience", "sa-token", []string{"vault", auth.ServiceAccountIssuer},
+			authenticationv1.TokenReviewStatus{Authenticated: true, Audiences: []string{auth.ServiceAccountIssuer},
 				User: authenticationv1.UserInfo{Username: "system:serviceaccount:dev:robot", UID: "sa-uid", Groups: []string{"system:serviceaccounts", "system:serviceaccounts:dev"},
 					Extra: map[string]authenticationv1.ExtraValue{"authentication.kubernetes.io/pod-name": {"web-1"}}}}},
 		{"unknown token", "nonsense", nil, authenticationv1.TokenReviewStatus{Error: "invalid bearer token"}},
 		{"authenticator error", "broken", nil, authenticationv1.TokenReviewStatus{Error: "service account token has been invalidated"}},
 		{"admin token for another audience", "admin-token", []string{"vault"}, authenticationv1.TokenReviewStatus{Error: "invalid bearer token"}},
 		{"service account token for another audience", "sa-token", []string{"vault"}, authenticationv1.TokenReviewStatus{
-			Error: `token audiences ["` + ServiceAccountIssuer + `"] is invalid for the target audiences ["vault"]`}},
+			Error: `token audiences ["` + auth.ServiceAccountIssuer + `"] is invalid for the target audiences ["vault"]`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			out, err := review(tc.token, tc.audiences...)
@@ -463,7 +465,7 @@ func TestTokenReview(t *testing.T) {
 			}
 			wantAuds := tc.audiences
 			if len(wantAuds) == 0 {
-				wantAuds = []string{ServiceAccountIssuer}
+				wantAuds = []string{auth.ServiceAccountIssuer}
 			}
 			if !tokens.asked || !slices.Equal(tokens.audiences, wantAuds) {
 				t.Errorf("authenticator asked for audiences %v (%v), want %v", tokens.audiences, tokens.asked, wantAuds)

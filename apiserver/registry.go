@@ -162,7 +162,8 @@ var kinds = []*kind{
 	{gv: coordinationv1.SchemeGroupVersion, resource: "leases", singular: "lease", namespaced: true, newFunc: obj[coordinationv1.Lease](), newListFunc: obj[coordinationv1.LeaseList](),
 		columns: []column{nameColumn, {name: "Holder", typ: "string", value: leaseHolder}, ageColumn}},
 
-	// rbac.authorization.k8s.io/v1: validated by Kubernetes' own code (rbac.go), enforced by its authorizer.
+	// rbac.authorization.k8s.io/v1: validated by Kubernetes' own code (rbac.go), enforced by its authorizer
+	// (package apiserver/auth).
 	{gv: rbacv1.SchemeGroupVersion, resource: "roles", singular: "role", namespaced: true, newFunc: obj[rbacv1.Role](), newListFunc: obj[rbacv1.RoleList](),
 		validateName: rbacNameFunc, validateCreate: validateRole, validateUpdate: validateRoleUpdate},
 	{gv: rbacv1.SchemeGroupVersion, resource: "rolebindings", singular: "rolebinding", namespaced: true, newFunc: obj[rbacv1.RoleBinding](), newListFunc: obj[rbacv1.RoleBindingList](),

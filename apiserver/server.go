@@ -24,7 +24,6 @@ import (
 	genericapifilters "k8s.io/apiserver/pkg/endpoints/filters"
 	apimetrics "k8s.io/apiserver/pkg/endpoints/metrics"
 	openapinamer "k8s.io/apiserver/pkg/endpoints/openapi"
-	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	"k8s.io/apiserver/pkg/registry/rest"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/apiserver/pkg/server/dynamiccertificates"
@@ -44,6 +43,7 @@ import (
 
 	"github.com/skiff-dev/skiff/apiserver/admission"
 	"github.com/skiff-dev/skiff/apiserver/aggregator"
+	"github.com/skiff-dev/skiff/apiserver/auth"
 	"github.com/skiff-dev/skiff/apiserver/extensions"
 	"github.com/skiff-dev/skiff/apiserver/openapi"
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
@@ -170,21 +170,21 @@ func New(c Config) (*Server, error) {
 		cfg.SecureServing.ClientCA = clientCA
 		clientCAVerify = clientCA.VerifyOptions
 	}
-	saTokens := &serviceAccountTokens{key: c.ServiceAccountKey, now: time.Now, stores: map[string]*genericregistry.Store{}}
-	tokens := tokenAuthenticator(c.AdminToken, c.JoinToken, saTokens)
-	cfg.Authentication.Authenticator = requestAuthenticator(clientCAVerify, c.AdminToken, c.JoinToken, saTokens)
+	saTokens := auth.NewServiceAccountTokens(c.ServiceAccountKey)
+	tokens := auth.TokenAuthenticator(c.AdminToken, c.JoinToken, saTokens)
+	cfg.Authentication.Authenticator = auth.RequestAuthenticator(clientCAVerify, c.AdminToken, c.JoinToken, saTokens)
 
 	client, err := kubernetes.NewForConfig(cfg.LoopbackClientConfig)
 	if err != nil {
 		return nil, err
 	}
 	cfg.SharedInformerFactory = informers.NewSharedInformerFactory(client, 0)
-	authz, err := newAuthorization(cfg.SharedInformerFactory)
+	authz, err := auth.NewAuthorization(cfg.SharedInformerFactory)
 	if err != nil {
 		return nil, err
 	}
-	cfg.Authorization.Authorizer = authz.authorizer
-	cfg.RuleResolver = authz.rules
+	cfg.Authorization.Authorizer = authz.Authorizer
+	cfg.RuleResolver = authz.Rules
 	genericapiserver.AuthorizeClientBearerToken(cfg.LoopbackClientConfig, &cfg.Authentication, &cfg.Authorization)
 	tolerationSeconds := int64(300)
 	if c.DefaultTolerationSeconds != nil {
@@ -253,10 +253,10 @@ func New(c Config) (*Server, error) {
 		return nil, err
 	}
 	getter.eventTTL = c.EventTTL
-	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens, withAuthenticatedGroup(tokens), authz, c.AgentTransport, c.Metrics, resources); err != nil {
+	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens, auth.WithAuthenticatedGroup(tokens), authz, c.AgentTransport, c.Metrics, resources); err != nil {
 		return nil, err
 	}
-	generic.AddPostStartHookOrDie("rbac/bootstrap-roles", rbacPolicyHook(c.RBACPolicyReady))
+	generic.AddPostStartHookOrDie("rbac/bootstrap-roles", auth.RBACPolicyHook(c.RBACPolicyReady))
 	trust, err := extensionAuthentication(c.ClientCAPEM, c.FrontProxyCAPEM, client)
 	if err != nil {
 		return nil, err
@@ -283,12 +283,12 @@ func New(c Config) (*Server, error) {
 }
 
 // installAPIs installs every kind of the registry table, grouped by API group.
-func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet, saTokens *serviceAccountTokens,
-	tokens authenticator.Token, authz *authorization, agentTransport http.RoundTripper, metrics MetricsSource, resources resolver.ResourceResolver) error {
+func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet, saTokens *auth.ServiceAccountTokens,
+	tokens authenticator.Token, authz *auth.Authorization, agentTransport http.RoundTripper, metrics MetricsSource, resources resolver.ResourceResolver) error {
 	groups := map[string]*genericapiserver.APIGroupInfo{}
 	var order []string
 	stores := map[string]*resource{}
-	deps := serverDeps{authorizer: authz.authorizer, resources: resources,
+	deps := serverDeps{authorizer: authz.Authorizer, resources: resources,
 		policies: func(ctx context.Context, name string) (runtime.Object, error) {
 			return stores["validatingadmissionpolicies"].Get(ctx, name, &metav1.GetOptions{})
 		}}
@@ -335,21 +335,21 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 	}
 	// Service account tokens look up the account and the objects they are bound to.
 	for kind, resource := range map[string]string{"ServiceAccount": "serviceaccounts", "Pod": "pods", "Secret": "secrets", "Node": "nodes"} {
-		saTokens.stores[kind] = stores[resource].Store
+		saTokens.SetStore(kind, stores[resource].Store)
 	}
-	groups[""].VersionedResourcesStorageMap["v1"]["serviceaccounts/token"] = &tokenRequestREST{tokens: saTokens}
-	for path, st := range podStreamStorage(&agents{pods: stores["pods"].Store, nodes: stores["nodes"].Store, transport: agentTransport, authorizer: authz.authorizer}) {
+	groups[""].VersionedResourcesStorageMap["v1"]["serviceaccounts/token"] = saTokens.TokenRequestStorage()
+	for path, st := range podStreamStorage(&agents{pods: stores["pods"].Store, nodes: stores["nodes"].Store, transport: agentTransport, authorizer: authz.Authorizer}) {
 		groups[""].VersionedResourcesStorageMap["v1"][path] = st
 	}
 	// RBAC writes are checked for escalation: no one grants what they do not hold.
-	for path, st := range wrapRBACEscalation(stores, authz.authorizer, newRBACStoreRuleResolver(stores)) {
+	for path, st := range wrapRBACEscalation(stores, authz.Authorizer, newRBACStoreRuleResolver(stores)) {
 		groups[rbacv1.GroupName].VersionedResourcesStorageMap["v1"][path] = st
 	}
 	// authentication.k8s.io and authorization.k8s.io hold no stored kind, only reviews.
-	auth := genericapiserver.NewDefaultAPIGroupInfo(authenticationv1.GroupName, Scheme, ParameterCodec, Codecs)
-	auth.VersionedResourcesStorageMap["v1"] = map[string]rest.Storage{"selfsubjectreviews": selfSubjectReviewREST{}, "tokenreviews": &tokenReviewREST{tokens: tokens}}
-	groups[authenticationv1.GroupName] = &auth
-	reviews := authorizationAPIGroup(authz.authorizer, authz.rules)
+	authn := genericapiserver.NewDefaultAPIGroupInfo(authenticationv1.GroupName, Scheme, ParameterCodec, Codecs)
+	authn.VersionedResourcesStorageMap["v1"] = map[string]rest.Storage{"selfsubjectreviews": selfSubjectReviewREST{}, "tokenreviews": &tokenReviewREST{tokens: tokens}}
+	groups[authenticationv1.GroupName] = &authn
+	reviews := authorizationAPIGroup(authz.Authorizer, authz.Rules)
 	groups[authorizationv1.GroupName] = &reviews
 	order = append(order, authenticationv1.GroupName, authorizationv1.GroupName)
 	if metrics != nil {

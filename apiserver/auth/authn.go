@@ -1,4 +1,4 @@
-package apiserver
+package auth
 
 import (
 	"context"
@@ -22,11 +22,11 @@ import (
 // adminUser is who the admin token authenticates as: a member of system:masters, as kubeadm's admin is.
 const adminUser = "skiff-admin"
 
-// requestAuthenticator authenticates client certificates issued by the cluster CA (CN the user, O its
+// RequestAuthenticator authenticates client certificates issued by the cluster CA (CN the user, O its
 // groups, as Kubernetes reads them), the cluster's admin bearer token, node agents' join tokens and service
 // account tokens; a request without credentials is anonymous, and a request with a wrong token is refused
 // (401), as kube-apiserver does.
-func requestAuthenticator(clientCA x509request.VerifyOptionFunc, adminToken string, joinToken func() string, saTokens *serviceAccountTokens) authenticator.Request {
+func RequestAuthenticator(clientCA x509request.VerifyOptionFunc, adminToken string, joinToken func() string, saTokens *ServiceAccountTokens) authenticator.Request {
 	// Anonymous requests are allowed on the public paths only, as kube-apiserver's anonymous
 	// authenticator restricted to its configurable endpoints: anywhere else they are 401, not 403.
 	anonymous := authenticator.RequestFunc(func(r *http.Request) (*authenticator.Response, bool, error) {
@@ -40,7 +40,7 @@ func requestAuthenticator(clientCA x509request.VerifyOptionFunc, adminToken stri
 	// Token answers are cached as kube-apiserver caches them (--authentication-token-success-cache-ttl,
 	// 10 s; failures are not cached): a service account token is otherwise verified, and its pod looked up,
 	// on every request.
-	tokens := bearertoken.New(tokencache.New(tokenAuthenticator(adminToken, joinToken, saTokens), true, tokenSuccessCacheTTL, 0))
+	tokens := bearertoken.New(tokencache.New(TokenAuthenticator(adminToken, joinToken, saTokens), true, tokenSuccessCacheTTL, 0))
 	return union.NewFailOnError(group.NewAuthenticatedGroupAdder(union.New(certs, tokens)), anonymous)
 }
 
@@ -51,12 +51,12 @@ const tokenSuccessCacheTTL = 10 * time.Second
 // for a node client certificate through the CSR API, and do nothing else.
 const BootstrappersGroup = "system:bootstrappers"
 
-// tokenAuthenticator maps the admin token to a system:masters user, an agent's "node:<name>:<join token>"
+// TokenAuthenticator maps the admin token to a system:masters user, an agent's "node:<name>:<join token>"
 // to the bootstrap user system:bootstrap:<name> in system:bootstrappers (the agent then acts as
 // system:node:<name> with the client certificate it gets through the CSR API, as a kubelet does after TLS
 // bootstrap), and a service account token to system:serviceaccount:<namespace>:<name>. TokenReviews ask it
 // too.
-func tokenAuthenticator(adminToken string, joinToken func() string, saTokens *serviceAccountTokens) authenticator.Token {
+func TokenAuthenticator(adminToken string, joinToken func() string, saTokens *ServiceAccountTokens) authenticator.Token {
 	return authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 		if subtle.ConstantTimeCompare([]byte(token), []byte(adminToken)) == 1 {
 			return &authenticator.Response{User: &user.DefaultInfo{
@@ -84,9 +84,9 @@ func tokenAuthenticator(adminToken string, joinToken func() string, saTokens *se
 	})
 }
 
-// withAuthenticatedGroup adds system:authenticated to the users a token authenticator answers, as the request
+// WithAuthenticatedGroup adds system:authenticated to the users a token authenticator answers, as the request
 // chain does, for TokenReviews.
-func withAuthenticatedGroup(tokens authenticator.Token) authenticator.Token {
+func WithAuthenticatedGroup(tokens authenticator.Token) authenticator.Token {
 	return authenticator.TokenFunc(func(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 		resp, ok, err := tokens.AuthenticateToken(ctx, token)
 		if !ok || err != nil || slices.Contains(resp.User.GetGroups(), user.AllAuthenticated) {

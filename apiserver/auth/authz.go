@@ -1,4 +1,4 @@
-package apiserver
+package auth
 
 import (
 	"context"
@@ -22,20 +22,20 @@ import (
 	"github.com/skiff-dev/skiff/internal/version"
 )
 
-// authorization is who may do what, decided as kube-apiserver with --authorization-mode=Node,RBAC decides
+// Authorization is who may do what, decided as kube-apiserver with --authorization-mode=Node,RBAC decides
 // it, by Kubernetes' own authorizers: the public health and version paths first, then system:masters, the
 // Node authorizer (a node reaches only what its pods use), and RBAC.
-type authorization struct {
-	authorizer authorizer.Authorizer
-	// rules enumerates a user's permissions (SelfSubjectRulesReview, kubectl auth can-i --list); system:masters
+type Authorization struct {
+	Authorizer authorizer.Authorizer
+	// Rules enumerates a user's permissions (SelfSubjectRulesReview, kubectl auth can-i --list); system:masters
 	// holds cluster-admin through the bootstrap policy's binding, as in Kubernetes.
-	rules authorizer.RuleResolver
+	Rules authorizer.RuleResolver
 }
 
-// newAuthorization builds the authorizers over informers of factory, which the API server starts after it
+// NewAuthorization builds the authorizers over informers of factory, which the API server starts after it
 // begins serving; until RBAC's caches fill, only system:masters (the loopback client among them) and the
 // public paths are allowed.
-func newAuthorization(factory informers.SharedInformerFactory) (*authorization, error) {
+func NewAuthorization(factory informers.SharedInformerFactory) (*Authorization, error) {
 	rbacInformers := factory.Rbac().V1()
 	roles := &rbac.RoleGetter{Lister: rbacInformers.Roles().Lister()}
 	roleBindings := &rbac.RoleBindingLister{Lister: rbacInformers.RoleBindings().Lister()}
@@ -59,9 +59,9 @@ func newAuthorization(factory informers.SharedInformerFactory) (*authorization, 
 	if err != nil {
 		return nil, err
 	}
-	return &authorization{
-		authorizer: a,
-		rules:      union.NewRuleResolvers(nodeAuthorizer, rbacAuthorizer),
+	return &Authorization{
+		Authorizer: a,
+		Rules:      union.NewRuleResolvers(nodeAuthorizer, rbacAuthorizer),
 	}, nil
 }
 

@@ -1,4 +1,4 @@
-package apiserver_test
+package auth_test
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package apiserver
+package auth
 
 import (
 	"context"
@@ -37,16 +37,33 @@ const (
 	minTokenSeconds     = 600
 )
 
-// serviceAccountTokens issues the bound service account tokens of the TokenRequest API (the serviceaccounts
+// ServiceAccountTokens issues the bound service account tokens of the TokenRequest API (the serviceaccounts
 // "token" subresource) and authenticates them: ES256 JWTs signed with the cluster's service account key,
 // with Kubernetes' claims, valid while the ServiceAccount and the object they are bound to still exist with
 // the same UIDs.
-type serviceAccountTokens struct {
+type ServiceAccountTokens struct {
 	key func() (*ecdsa.PrivateKey, error) // nil or failing: no tokens are issued or accepted
 	now func() time.Time
-	// stores are where the token's ServiceAccount and bound objects are looked up, by kind; installAPIs
-	// fills them in.
+	// stores are where the token's ServiceAccount and bound objects are looked up, by kind; package
+	// apiserver's installAPIs fills them in (SetStore).
 	stores map[string]*genericregistry.Store
+}
+
+// NewServiceAccountTokens issues and authenticates tokens signed with key; nil or failing, no tokens are
+// issued or accepted.
+func NewServiceAccountTokens(key func() (*ecdsa.PrivateKey, error)) *ServiceAccountTokens {
+	return &ServiceAccountTokens{key: key, now: time.Now, stores: map[string]*genericregistry.Store{}}
+}
+
+// SetStore gives the store where tokens look up objects of a kind: ServiceAccount, and the kinds a token may
+// be bound to (Pod, Secret, Node). It is called while the server is built, before it serves.
+func (t *ServiceAccountTokens) SetStore(kind string, store *genericregistry.Store) {
+	t.stores[kind] = store
+}
+
+// TokenRequestStorage is the REST storage of the serviceaccounts "token" subresource.
+func (t *ServiceAccountTokens) TokenRequestStorage() rest.Storage {
+	return &tokenRequestREST{tokens: t}
 }
 
 // boundKinds are the kinds a token may be bound to, as in Kubernetes.
@@ -85,7 +102,7 @@ func (c *tokenClaims) bound(kind string) **objectRef {
 // reads consistently, so that the token carries the UIDs of the objects as they are now. Authenticating reads
 // the watch cache first, and the store itself when the cache does not have the object (yet), so that a token
 // for a just-created object works at once.
-func (t *serviceAccountTokens) lookup(ctx context.Context, kind, namespace, name string, consistent bool) (metav1.Object, error) {
+func (t *ServiceAccountTokens) lookup(ctx context.Context, kind, namespace, name string, consistent bool) (metav1.Object, error) {
 	store := t.stores[kind]
 	if store == nil {
 		return nil, fmt.Errorf("no store for %s", kind)
@@ -109,7 +126,7 @@ func (t *serviceAccountTokens) lookup(ctx context.Context, kind, namespace, name
 
 // tokenRequestREST is the serviceaccounts/token subresource.
 type tokenRequestREST struct {
-	tokens *serviceAccountTokens
+	tokens *ServiceAccountTokens
 }
 
 var _ rest.NamedCreater = &tokenRequestREST{}
@@ -213,7 +230,7 @@ var errTokenInvalidated = errors.New("service account token has been invalidated
 // authenticate accepts a token this cluster issued: signed with its key, from its issuer, for its audience,
 // not expired, and with its ServiceAccount and bound object still present with the same UIDs. A token that
 // is not a JWT of this issuer is not handled (false, nil).
-func (t *serviceAccountTokens) authenticate(ctx context.Context, token string) (*authenticator.Response, bool, error) {
+func (t *ServiceAccountTokens) authenticate(ctx context.Context, token string) (*authenticator.Response, bool, error) {
 	if t == nil || t.key == nil || strings.Count(token, ".") != 2 {
 		return nil, false, nil
 	}
@@ -270,7 +287,7 @@ const deletedObjectGrace = time.Minute
 const clockSkew = time.Minute
 
 // stillValid checks that the object a token names exists with the same UID and is not past its deletion.
-func (t *serviceAccountTokens) stillValid(ctx context.Context, kind, namespace string, ref *objectRef) error {
+func (t *ServiceAccountTokens) stillValid(ctx context.Context, kind, namespace string, ref *objectRef) error {
 	obj, err := t.lookup(ctx, kind, namespace, ref.Name, false)
 	if apierrors.IsNotFound(err) {
 		return fmt.Errorf("%w: %s %s/%s not found", errTokenInvalidated, kind, namespace, ref.Name)
@@ -285,39 +302,4 @@ func (t *serviceAccountTokens) stillValid(ctx context.Context, kind, namespace s
 		return fmt.Errorf("%w: %s %s/%s is being deleted", errTokenInvalidated, kind, namespace, ref.Name)
 	}
 	return nil
-}
-
-// selfSubjectReviewREST answers authentication.k8s.io/v1 SelfSubjectReviews (`kubectl auth whoami`) with
-// the requester's own identity, as kube-apiserver does.
-type selfSubjectReviewREST struct{}
-
-var _ rest.Creater = selfSubjectReviewREST{}
-
-func (selfSubjectReviewREST) New() runtime.Object     { return &authenticationv1.SelfSubjectReview{} }
-func (selfSubjectReviewREST) Destroy()                {}
-func (selfSubjectReviewREST) NamespaceScoped() bool   { return false }
-func (selfSubjectReviewREST) GetSingularName() string { return "selfsubjectreview" }
-func (selfSubjectReviewREST) ConvertToTable(context.Context, runtime.Object, runtime.Object) (*metav1.Table, error) {
-	return nil, apierrors.NewMethodNotSupported(authenticationv1.Resource("selfsubjectreviews"), "list")
-}
-
-func (selfSubjectReviewREST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
-	if createValidation != nil {
-		if err := createValidation(ctx, obj); err != nil {
-			return nil, err
-		}
-	}
-	u, ok := genericapirequest.UserFrom(ctx)
-	if !ok {
-		return nil, apierrors.NewBadRequest("no user in the request")
-	}
-	review := &authenticationv1.SelfSubjectReview{ObjectMeta: metav1.ObjectMeta{CreationTimestamp: metav1.Now()}}
-	review.Status.UserInfo = authenticationv1.UserInfo{Username: u.GetName(), UID: u.GetUID(), Groups: u.GetGroups()}
-	for k, v := range u.GetExtra() {
-		if review.Status.UserInfo.Extra == nil {
-			review.Status.UserInfo.Extra = map[string]authenticationv1.ExtraValue{}
-		}
-		review.Status.UserInfo.Extra[k] = v
-	}
-	return review, nil
 }

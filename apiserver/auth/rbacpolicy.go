@@ -1,4 +1,4 @@
-package apiserver
+package auth
 
 import (
 	"context"
@@ -79,13 +79,13 @@ func groupBinding(name, role, group string) rbacv1.ClusterRoleBinding {
 	return b
 }
 
-// rbacPolicyHook reconciles Kubernetes' default roles and bindings (cluster-admin, admin, edit, view,
+// RBACPolicyHook reconciles Kubernetes' default roles and bindings (cluster-admin, admin, edit, view,
 // system:basic-user, system:discovery, the node, scheduler and controller roles...) and Skiff's own, as
 // kube-apiserver's rbac/bootstrap-roles hook does when a server starts: missing ones are created, missing
 // rules and subjects added, and objects annotated rbac.authorization.kubernetes.io/autoupdate=false are left
 // alone. It retries until it succeeds (writes wait for a Raft quorum), and /readyz fails until then. ready, if
 // set, is called once it has.
-func rbacPolicyHook(ready func()) genericapiserver.PostStartHookFunc {
+func RBACPolicyHook(ready func()) genericapiserver.PostStartHookFunc {
 	return func(hook genericapiserver.PostStartHookContext) error {
 		cfg := rest.CopyConfig(hook.LoopbackClientConfig)
 		// The reconciliation's requests take no context: bound each, so that a shutdown is not held.
