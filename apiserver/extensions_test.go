@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/kubernetes"
@@ -233,5 +234,22 @@ func waitFor(t *testing.T, what string, within time.Duration, check func() error
 			t.Fatalf("%s: not within %v: %v", what, within, err)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestVersion: /version says the Kubernetes release the API serves, in the form kubectl and the e2e
+// framework parse (semver with Skiff's version as build metadata), not the library's placeholder.
+func TestVersion(t *testing.T) {
+	cfg := startAPI(t, nil)
+	info, err := kubernetes.NewForConfigOrDie(cfg).Discovery().ServerVersion()
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := utilversion.ParseSemantic(info.GitVersion)
+	if err != nil {
+		t.Fatalf("gitVersion %q: %v", info.GitVersion, err)
+	}
+	if v.Major() != 1 || v.Minor() != 37 || !strings.Contains(info.GitVersion, "+skiff.") || info.Major != "1" || info.Minor != "37" {
+		t.Fatalf("version %+v; want v1.37.x+skiff.<version>, major 1, minor 37", info)
 	}
 }

@@ -35,7 +35,6 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	certutil "k8s.io/client-go/util/cert"
-	basecompatibility "k8s.io/component-base/compatibility"
 	aggregatorapiserver "k8s.io/kube-aggregator/pkg/apiserver"
 	aggregatorscheme "k8s.io/kube-aggregator/pkg/apiserver/scheme"
 	"k8s.io/kubernetes/pkg/registry/admissionregistration/resolver"
@@ -118,7 +117,7 @@ type Server struct {
 // authentication, authorization and admission.
 func New(c Config) (*Server, error) {
 	cfg := genericapiserver.NewRecommendedConfig(Codecs)
-	cfg.EffectiveVersion = basecompatibility.NewEffectiveVersionFromString(KubernetesVersion, "", "")
+	cfg.EffectiveVersion = newServedVersion()
 	cfg.BuildHandlerChainFunc = func(h http.Handler, c *genericapiserver.Config) http.Handler {
 		return withStatusBodies(genericapiserver.DefaultBuildHandlerChain(h, c))
 	}
