@@ -98,9 +98,27 @@ agent {
 		if out, err := exec.CommandContext(ctx, proctest.Binary(t), "agent", "-config", a.config, "-teardown").CombinedOutput(); err != nil {
 			t.Errorf("agent teardown: %v\n%s", err, out)
 		}
+		// Nothing of the agent's outlives its teardown: no shim, no containerd.
+		if left := processesMentioning(a.dataDir); len(left) > 0 {
+			t.Errorf("processes left after the agent's teardown:\n%s", strings.Join(left, "\n"))
+		}
 		os.RemoveAll(dir)
 	})
 	return a
+}
+
+// processesMentioning lists the live processes whose command line contains s.
+func processesMentioning(s string) []string {
+	var out []string
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		raw, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil || len(raw) == 0 || !strings.Contains(string(raw), s) {
+			continue
+		}
+		out = append(out, p.Name()+": "+strings.ReplaceAll(string(raw), "\x00", " "))
+	}
+	return out
 }
 
 func (a *realAgent) start() {

@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,6 +22,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/containerd/containerd/oci"
 	"github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/skiff-dev/skiff/nodeagent/containerio"
@@ -118,9 +121,14 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 		MaxFiles: r.cfg.ContainerLogMaxFiles, Tty: c.TTY, Stdin: c.Stdin})
 	var task containerd.Task
 	if err == nil {
-		task, err = ctr.NewTask(ctx, stdio)
+		task, err = r.newTask(ctx, ctr, stdio)
 		if err != nil {
 			_ = containerio.Stop(ioDir)
+		}
+		if errdefs.IsAlreadyExists(err) {
+			// A leftover of the agent's own crash, not the container's failure: the container never started,
+			// and the next sync replaces it.
+			return err
 		}
 	}
 	var exited <-chan containerd.ExitStatus
@@ -199,6 +207,84 @@ func (r *containerdRuntime) newContainer(ctx context.Context, id string, create 
 func (r *containerdRuntime) containerGone(ctx context.Context, id string) bool {
 	_, err := r.client.LoadContainer(ctx, id)
 	return errdefs.IsNotFound(err)
+}
+
+// newTask creates a container's task. A task of the same ID may be left in its shim by an agent killed
+// between a task's create and its start (the shim outlives containerd's restart): it never ran, so it is
+// killed and deleted, and the create tried again.
+func (r *containerdRuntime) newTask(ctx context.Context, ctr containerd.Container, ioCreate cio.Creator) (containerd.Task, error) {
+	task, err := ctr.NewTask(ctx, ioCreate)
+	if !errdefs.IsAlreadyExists(err) {
+		return task, err
+	}
+	old, terr := ctr.Task(ctx, nil)
+	switch {
+	case terr == nil:
+		if _, derr := old.Delete(ctx, containerd.WithProcessKill); derr != nil && !errdefs.IsNotFound(derr) {
+			return nil, fmt.Errorf("%w (removing the leftover task: %v)", err, derr)
+		}
+	case errdefs.IsNotFound(terr):
+		// containerd does not know the task, yet its bundle is there: containerd itself died (with the agent)
+		// in the middle of creating it.
+		if rerr := r.removeOrphanTask(ctr.ID()); rerr != nil {
+			return nil, fmt.Errorf("%w (removing the leftover task: %v)", err, rerr)
+		}
+	}
+	// containerd cleans up after a shim that died on its own time: try again for a few seconds.
+	for range 20 {
+		if task, err = ctr.NewTask(ctx, ioCreate); !errdefs.IsAlreadyExists(err) {
+			return task, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+	return nil, err
+}
+
+// removeOrphanTask clears what a task create cut short by containerd's own death leaves behind, which the
+// restarted containerd does not adopt: the task's shim, its runc container and its bundle directory. Until
+// they go, every create of a task of that ID fails with "already exists". Only the agent's private containerd
+// has a state directory the agent knows.
+func (r *containerdRuntime) removeOrphanTask(id string) error {
+	if r.daemon == nil {
+		return errors.New("the task's bundle is left in containerd's state directory; restart containerd")
+	}
+	bundle := filepath.Join(r.daemon.bundlesDir(), id)
+	if _, err := os.Stat(bundle); err != nil {
+		return err
+	}
+	r.logger.Warn("removing a task whose create containerd did not finish", "id", id)
+	killShims(r.daemon.socket(), id)
+	// The runc v2 shim keeps its containers' runc state under /run/containerd/runc/<namespace>.
+	_ = exec.Command("runc", "--root", filepath.Join("/run/containerd/runc", containerdNamespace), "delete", "--force", id).Run()
+	_ = unix.Unmount(filepath.Join(bundle, "rootfs"), unix.MNT_DETACH)
+	return os.RemoveAll(bundle)
+}
+
+// killShims kills the shims that serve the containerd at address: those of the tasks named in ids, or all of
+// them when ids is empty.
+func killShims(address string, ids ...string) {
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(raw), "\x00"), "\x00")
+		if len(args) == 0 || !strings.Contains(filepath.Base(args[0]), "containerd-shim") {
+			continue
+		}
+		if slices.Contains(args, address) && (len(ids) == 0 || slices.ContainsFunc(ids, func(id string) bool { return slices.Contains(args, id) })) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 }
 
 // removeSnapshot removes a container's snapshot, which containerd's client makes before the container.

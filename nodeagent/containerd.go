@@ -111,6 +111,11 @@ func (p *privateContainerd) launch() error {
 
 func (p *privateContainerd) pidFile() string { return filepath.Join(p.dir, "containerd.pid") }
 
+// bundlesDir holds a directory per task of the agent's namespace (containerd's runtime v2 bundles).
+func (p *privateContainerd) bundlesDir() string {
+	return filepath.Join(p.dir, "state", "io.containerd.runtime.v2.task", containerdNamespace)
+}
+
 // stopPrevious waits for the daemon of an earlier agent on this data dir to exit: when that agent was
 // killed, its daemon got SIGTERM and may still be shutting down. Two daemons on one root would fight over it.
 func (p *privateContainerd) stopPrevious() {

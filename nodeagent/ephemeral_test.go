@@ -341,7 +341,7 @@ func TestRealEphemeralContainer(t *testing.T) {
 	}
 
 	// The debugger is in the app's PID namespace: the same namespace on the host, and ps shows the app's sleep.
-	recs, err := r.loadPod(r.ctx(ctx), pod.UID)
+	recs, err := r.loadPod(r.ctx(ctx), pod.UID, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -29,6 +29,7 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/nodeagent/containerio"
 	"github.com/skiff-dev/skiff/nodeagent/dns"
 	"github.com/skiff-dev/skiff/nodeagent/proxy"
 )
@@ -301,14 +302,16 @@ func (p *podRecords) previous(kind, name string) *ctrRecord {
 
 // loadPod reads a pod's containers from containerd. A task that has exited is finalized here: its exit is
 // recorded in labels and the task deleted, so that the record survives and the exit is counted once.
-func (r *containerdRuntime) loadPod(ctx context.Context, uid types.UID) (*podRecords, error) {
+// A task found created but never started (the agent died in between) is started when startCreated is set
+// (a sync), and otherwise left for the caller to kill (a pod being removed never starts).
+func (r *containerdRuntime) loadPod(ctx context.Context, uid types.UID, startCreated bool) (*podRecords, error) {
 	ctrs, err := r.client.Containers(ctx, fmt.Sprintf("labels.%q==%s", labelPodUID, uid))
 	if err != nil {
 		return nil, err
 	}
 	recs := &podRecords{attempts: map[string][]*ctrRecord{}}
 	for _, ctr := range ctrs {
-		rec, finalized, err := r.record(ctx, ctr)
+		rec, finalized, err := r.record(ctx, ctr, startCreated)
 		if err != nil {
 			return nil, err
 		}
@@ -326,7 +329,7 @@ func (r *containerdRuntime) loadPod(ctx context.Context, uid types.UID) (*podRec
 	return recs, nil
 }
 
-func (r *containerdRuntime) record(ctx context.Context, ctr containerd.Container) (*ctrRecord, bool, error) {
+func (r *containerdRuntime) record(ctx context.Context, ctr containerd.Container, startCreated bool) (*ctrRecord, bool, error) {
 	info, err := ctr.Info(ctx, containerd.WithoutRefreshedMetadata)
 	if err != nil {
 		return nil, false, err
@@ -351,12 +354,18 @@ func (r *containerdRuntime) record(ctx context.Context, ctr containerd.Container
 	if err != nil {
 		return nil, false, err
 	}
-	if status.Status == containerd.Created && rec.kind != kindSandbox {
-		// Created but never started: the agent died between the task's create and its start. The process never
-		// ran; the task goes, and the next sync starts this attempt anew (nextAttempt).
-		if _, err := task.Delete(ctx, containerd.WithProcessKill); err != nil && !errdefs.IsNotFound(err) {
+	if status.Status == containerd.Created && rec.kind != kindSandbox && startCreated {
+		// Created but never started: the agent died between the task's create and its start. Its stdio process
+		// outlived the agent, as for any container: start it now, as the kubelet starts a container it finds
+		// created. (Deleting the task instead would kill runc's init, which the pod would see as an exit.)
+		if err := task.Start(ctx); err != nil {
+			return nil, false, fmt.Errorf("starting the created container %s: %w", rec.id, err)
+		}
+		now := time.Now()
+		if _, err := ctr.SetLabels(ctx, map[string]string{labelStarted: now.UTC().Format(time.RFC3339Nano)}); err != nil {
 			return nil, false, err
 		}
+		rec.startedAt, rec.running, rec.pid = now, true, task.Pid()
 		return rec, false, nil
 	}
 	if status.Status != containerd.Stopped {
@@ -441,7 +450,7 @@ func splitLines(s string) []string {
 //  7. report the state, from containerd and the probes.
 func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodState, error) {
 	ctx = r.ctx(ctx)
-	recs, err := r.loadPod(ctx, pod.UID)
+	recs, err := r.loadPod(ctx, pod.UID, true)
 	if err != nil {
 		return nil, err
 	}
@@ -462,7 +471,7 @@ func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodS
 		stepErr = r.syncAppContainers(ctx, pod, recs, sb, vols)
 	}
 	stepErr = errors.Join(ephemeralErr, stepErr)
-	if recs, err = r.loadPod(ctx, pod.UID); err != nil {
+	if recs, err = r.loadPod(ctx, pod.UID, true); err != nil {
 		return nil, err
 	}
 	if recs.finalized {
@@ -664,7 +673,7 @@ func (r *containerdRuntime) forgetWatch(id string) {
 // grace() may shorten while it waits), removes them and the sandbox, releases the IP, and removes the volumes.
 func (r *containerdRuntime) KillPod(ctx context.Context, pod *corev1.Pod, grace func() time.Duration) error {
 	ctx = r.ctx(ctx)
-	recs, err := r.loadPod(ctx, pod.UID)
+	recs, err := r.loadPod(ctx, pod.UID, false)
 	if err != nil {
 		return err
 	}
@@ -968,6 +977,18 @@ func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error
 		r.podCIDR = strings.TrimSpace(string(cidr))
 	}
 	errs := []error{r.Cleanup(ctx, func(types.UID) bool { return false })}
+	// Stdio processes of containers that never started (an agent killed in between) wait for a shim that never
+	// comes.
+	containerio.StopAllUnder(cfg.DataDir)
+	// Tasks whose create containerd never finished (it died with a killed agent): containerd does not know
+	// them, so Cleanup cannot; their shims would outlive the node.
+	if r.daemon != nil {
+		if bundles, err := os.ReadDir(r.daemon.bundlesDir()); err == nil {
+			for _, b := range bundles {
+				errs = append(errs, r.removeOrphanTask(b.Name()))
+			}
+		}
+	}
 	bridge := bridgeName(cfg.Name, cfg.DataDir)
 	if out, err := exec.CommandContext(ctx, "ip", "link", "del", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
 		errs = append(errs, fmt.Errorf("removing bridge %s: %v: %s", bridge, err, out))
@@ -987,17 +1008,19 @@ func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error
 	return errors.Join(errs...)
 }
 
-// unmountUnder lazily unmounts every mount point under dir, deepest first.
+// unmountUnder lazily unmounts every mount point under dir, deepest first, and the temporary mounts
+// (/tmp/containerd-mount*) of a killed containerd whose layers are under dir.
 func unmountUnder(dir string) error {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return err
 	}
 	dir = filepath.Clean(dir) + "/"
+	tempMounts := filepath.Join(os.TempDir(), "containerd-mount")
 	var points []string
 	for _, line := range strings.Split(string(data), "\n") {
 		fields := strings.Fields(line)
-		if len(fields) > 4 && strings.HasPrefix(fields[4]+"/", dir) {
+		if len(fields) > 4 && (strings.HasPrefix(fields[4]+"/", dir) || strings.HasPrefix(fields[4], tempMounts) && strings.Contains(line, dir)) {
 			points = append(points, fields[4])
 		}
 	}

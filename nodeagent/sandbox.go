@@ -80,7 +80,7 @@ func (r *containerdRuntime) createSandbox(ctx context.Context, pod *corev1.Pod) 
 // startSandbox starts the pause task, then pins and wires its network namespace (steps 1-4 above).
 func (r *containerdRuntime) startSandbox(ctx context.Context, pod *corev1.Pod, ctr containerd.Container, hostname string) (*sandbox, error) {
 	id := ctr.ID()
-	task, err := ctr.NewTask(ctx, cio.NullIO)
+	task, err := r.newTask(ctx, ctr, cio.NullIO)
 	if err != nil {
 		return nil, fmt.Errorf("creating the sandbox task: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -59,6 +60,9 @@ func Start(dir string, spec Spec) (cio.Creator, error) {
 	if spec.LogPath, err = filepath.Abs(spec.LogPath); err != nil {
 		return nil, err
 	}
+	// A stdio process of an earlier Start of this directory (an agent killed before its container started)
+	// would be orphaned by the new one, which takes over the pid file.
+	_ = Stop(dir)
 	cfg, err := prepare(dir, spec)
 	if err != nil {
 		return nil, err
@@ -180,6 +184,26 @@ func CloseStdin(dir string) error { return signalChild(dir, syscall.SIGUSR1) }
 
 // Stop makes the stdio process write what it holds and exit, for a container whose task will not run.
 func Stop(dir string) error { return signalChild(dir, syscall.SIGTERM) }
+
+// StopAllUnder stops every stdio process whose directory is under root (a node's teardown).
+func StopAllUnder(root string) {
+	root = filepath.Clean(root) + "/"
+	procs, _ := os.ReadDir("/proc")
+	for _, p := range procs {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", p.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+		if len(args) == 2 && args[0] == childArg0 && strings.HasPrefix(args[1], root) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
 
 // ErrNotRunning is returned when the stdio process of a directory is gone.
 var ErrNotRunning = errors.New("container io process not running")
