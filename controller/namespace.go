@@ -2,12 +2,15 @@ package controller
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/discovery"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -52,7 +55,7 @@ func syncNamespace(ctx context.Context, c *Clients, name string) (bool, error) {
 	if ns.DeletionTimestamp == nil {
 		return true, nil
 	}
-	resources, err := namespacedResources(c)
+	resources, err := namespacedResources(ctx, c)
 	if err != nil {
 		return false, err
 	}
@@ -92,11 +95,24 @@ func syncNamespace(ctx context.Context, c *Clients, name string) (bool, error) {
 	return true, nil
 }
 
-// namespacedResources lists the namespaced resources that support list and deletecollection.
-func namespacedResources(c *Clients) ([]schema.GroupVersionResource, error) {
+// namespacedResources lists the namespaced resources that support list and deletecollection. A group whose
+// discovery fails because its APIService is backed by a Service that does not answer (an extension API
+// server that is down) is left out, so that one such server does not hold every namespace's deletion (which
+// kube-apiserver's namespace controller does, kubernetes#60807); the objects such a server keeps in its own
+// storage are its own to clean up. Any other discovery failure is retried.
+func namespacedResources(ctx context.Context, c *Clients) ([]schema.GroupVersionResource, error) {
 	lists, err := c.Discovery.ServerPreferredNamespacedResources()
 	if err != nil {
-		return nil, err
+		var failed *discovery.ErrGroupDiscoveryFailed
+		if !errors.As(err, &failed) {
+			return nil, err
+		}
+		for gv := range failed.Groups {
+			if !remoteAPIService(ctx, c, gv) {
+				return nil, err
+			}
+			c.Logger.Warn("namespace deletion goes on without an unavailable extension API", "group_version", gv.String())
+		}
 	}
 	var out []schema.GroupVersionResource
 	for _, l := range lists {
@@ -124,4 +140,16 @@ func hasVerbs(verbs metav1.Verbs, want ...string) bool {
 		}
 	}
 	return true
+}
+
+var apiServices = schema.GroupVersionResource{Group: "apiregistration.k8s.io", Version: "v1", Resource: "apiservices"}
+
+// remoteAPIService tells whether gv is served by an APIService backed by a Service (an extension API server).
+func remoteAPIService(ctx context.Context, c *Clients, gv schema.GroupVersion) bool {
+	s, err := c.Dynamic.Resource(apiServices).Get(ctx, gv.Version+"."+gv.Group, metav1.GetOptions{})
+	if err != nil {
+		return false
+	}
+	_, found, _ := unstructured.NestedMap(s.Object, "spec", "service")
+	return found
 }

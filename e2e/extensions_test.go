@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/skiff-dev/skiff/internal/proctest"
+	"github.com/skiff-dev/skiff/internal/testimages"
 )
 
 // crdBundles are real CRD bundles of public projects, read unmodified from their Go modules (the module
@@ -255,4 +256,144 @@ func runWithStdin(k kubectl, input string, args ...string) (string, error) {
 	cmd.Stdin = strings.NewReader(input)
 	out, err := cmd.CombinedOutput()
 	return string(out), err
+}
+
+// TestExtensionAPIServer is issue 28's aggregation acceptance: an extension API server in a pod (the tree's
+// extserver, built with k8s.io/apiserver like metrics-server) is reached through an APIService backed by its
+// Service with the stock kubectl, and sees the caller's identity, which the aggregator passes on with its
+// front-proxy client certificate and the extension server trusts through
+// kube-system/extension-apiserver-authentication. Discovery and the other groups keep working while the
+// APIService is unavailable.
+func TestExtensionAPIServer(t *testing.T) {
+	requireRealRuntime(t)
+	// skiff local: the pod reaches the API through the kubernetes Service, and the server reaches the pod
+	// through its route to the agent's pod CIDR (route_pod_cidrs), as on a real network.
+	dir, err := os.MkdirTemp("", "skiff-local-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	imageDir := filepath.Join(dir, "images")
+	if err := os.MkdirAll(imageDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	const image = "skiff.test/extserver:1"
+	if err := testimages.WriteExtensionServerTarball(image, filepath.Join(imageDir, "extserver.tar")); err != nil {
+		t.Fatal(err)
+	}
+	st := upLocalCluster(t, proctest.Binary(t), dir, "--servers", "1", "--agents", "1", "--images", imageDir)
+	k := kubectl{t: t, kubeconfig: st.Kubeconfig(dir)}
+	k.waitNodeHealth("agent-1", "True/", 90*time.Second)
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, what := range [][]string{{"get", "apiservices"}, {"get", "pods", "-A", "-o", "wide"}, {"logs", "-n", "whoami", "deploy/whoami"}, {"get", "events", "-A"}} {
+				out, _ := k.run(what...)
+				t.Logf("kubectl %s:\n%s", strings.Join(what, " "), out)
+			}
+		}
+	})
+	applyYAML(t, k, fmt.Sprintf(`apiVersion: v1
+kind: Namespace
+metadata: {name: whoami}
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: whoami, namespace: whoami}
+---
+# What an extension API server is given, as on Kubernetes: it reads the authentication ConfigMap and
+# delegates authentication and authorization to the cluster.
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: whoami-auth-reader, namespace: kube-system}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: Role, name: extension-apiserver-authentication-reader}
+subjects: [{kind: ServiceAccount, name: whoami, namespace: whoami}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: whoami-auth-delegator}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: system:auth-delegator}
+subjects: [{kind: ServiceAccount, name: whoami, namespace: whoami}]
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: whoami, namespace: whoami}
+spec:
+  selector: {matchLabels: {app: whoami}}
+  template:
+    metadata: {labels: {app: whoami}}
+    spec:
+      serviceAccountName: whoami
+      containers:
+      - name: whoami
+        image: %s
+        imagePullPolicy: Never
+        ports: [{containerPort: 8443}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: whoami, namespace: whoami}
+spec:
+  selector: {app: whoami}
+  ports: [{port: 443, targetPort: 8443}]
+---
+apiVersion: apiregistration.k8s.io/v1
+kind: APIService
+metadata: {name: v1alpha1.whoami.skiff.dev}
+spec:
+  group: whoami.skiff.dev
+  version: v1alpha1
+  service: {namespace: whoami, name: whoami}
+  insecureSkipTLSVerify: true
+  groupPriorityMinimum: 1000
+  versionPriority: 15
+`, image))
+	proctest.WaitFor(t, "the APIService Available", 3*time.Minute, func() error {
+		out, err := k.run("get", "apiservice", "v1alpha1.whoami.skiff.dev", "-o", "jsonpath={.status.conditions[?(@.type==\"Available\")].status}")
+		if err != nil || out != "True" {
+			return fmt.Errorf("%v: %s", err, out)
+		}
+		return nil
+	})
+	// The admin's identity reaches the extension server.
+	mustContain(t, "kubectl get whoamis", k.ok("get", "whoamis"), "NAME", "USER", "me", "skiff-admin", "system:masters")
+	// A service account allowed to read whoamis, and the extension server's own authorization of it.
+	applyYAML(t, k, `apiVersion: v1
+kind: ServiceAccount
+metadata: {name: reader, namespace: default}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: whoami-reader}
+rules: [{apiGroups: [whoami.skiff.dev], resources: [whoamis], verbs: [get, list]}]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: whoami-reader}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: whoami-reader}
+subjects: [{kind: ServiceAccount, name: reader, namespace: default}]
+`)
+	token := strings.TrimSpace(k.ok("create", "token", "reader", "-n", "default"))
+	reader := asToken(t, k, "reader", token)
+	mustContain(t, "get whoami as a service account", reader.ok("get", "whoami", "me", "-o", "jsonpath={.user} {.groups}"),
+		"system:serviceaccount:default:reader", "system:serviceaccounts")
+	// Without the binding the extension server refuses it (its SubjectAccessReview says no).
+	k.ok("delete", "clusterrolebinding", "whoami-reader")
+	proctest.WaitFor(t, "the service account refused", 30*time.Second, func() error {
+		if out, err := reader.run("get", "whoamis"); err == nil || !strings.Contains(out, "Forbidden") && !strings.Contains(out, "forbidden") {
+			return fmt.Errorf("still allowed: %v %s", err, out)
+		}
+		return nil
+	})
+
+	// An unavailable APIService (its pods gone) is marked so, and breaks nothing else.
+	k.ok("scale", "-n", "whoami", "deploy/whoami", "--replicas=0")
+	proctest.WaitFor(t, "the APIService unavailable", 2*time.Minute, func() error {
+		out, _ := k.run("get", "apiservice", "v1alpha1.whoami.skiff.dev", "-o", "jsonpath={.status.conditions[?(@.type==\"Available\")].status}")
+		if out != "False" {
+			return fmt.Errorf("Available=%s", out)
+		}
+		return nil
+	})
+	k.ok("get", "pods", "-A")
+	k.ok("create", "namespace", "scratch")
+	k.ok("delete", "namespace", "scratch", "--timeout=60s")
 }

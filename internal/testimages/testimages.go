@@ -9,6 +9,7 @@
 //   - server: the busybox image's files plus the test HTTP server (./testserver) at /server, the entrypoint. The
 //     busybox applets make exec probes such as `cat /tmp/healthy` work in it.
 //   - pause: the pod sandbox image of internal/images.PauseImage, with cmd/skiff-pause.
+//   - extserver (PushExtensionServer): an extension API server (./extserver) for APIService tests.
 package testimages
 
 import (
@@ -123,4 +124,39 @@ func WriteServerTarball(ref, path string) error {
 		return b.err
 	}
 	return images.WriteTarball(b.server, ref, path)
+}
+
+// extensionServer is the extension API server image (./extserver at /extserver, the entrypoint), built once per
+// process and only by the tests that ask for it: it links k8s.io/apiserver, so it takes a while to build.
+var extensionServer = sync.OnceValues(func() (v1.Image, error) {
+	bin, err := staticBinary("./internal/testimages/extserver")
+	if err != nil {
+		return nil, err
+	}
+	return images.Build(images.Spec{Files: []images.File{{Path: "/extserver", Mode: 0o755, Data: bin}}, Entrypoint: []string{"/extserver"}})
+})
+
+// PushExtensionServer builds the extension API server image and pushes it to the registry at registryAddr
+// as <registry>/skiff/extserver:test, which it returns.
+func PushExtensionServer(t testing.TB, registryAddr string) string {
+	t.Helper()
+	img, err := extensionServer()
+	if err != nil {
+		t.Fatalf("testimages: %v", err)
+	}
+	ref := registryAddr + "/skiff/extserver:test"
+	if err := images.Push(t.Context(), img, ref); err != nil {
+		t.Fatalf("testimages: %v", err)
+	}
+	return ref
+}
+
+// WriteExtensionServerTarball writes the extension API server image, named ref, as an image tarball at path,
+// for agents that import images from their data dir (`skiff local up --images DIR`).
+func WriteExtensionServerTarball(ref, path string) error {
+	img, err := extensionServer()
+	if err != nil {
+		return err
+	}
+	return images.WriteTarball(img, ref, path)
 }
