@@ -36,6 +36,7 @@ smoke:
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Failover' -benchtime 2x -timeout 10m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'API' -benchtime 200x -timeout 10m ./bench/ -args -api.list-pods=300 -api.watchers=30
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Admission' -benchtime 200x -timeout 10m ./bench/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'CRDs' -benchtime 200x -timeout 10m ./bench/ -args -crd.count=20
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Scheduler' -benchtime 1x -timeout 10m ./bench/ -args -sched.nodes=200 -sched.pods=300 -sched.affinity-pods=100
 	$(GO) test -count=1 -run '^$$' -bench 'CacheMemory' -benchtime 1x -timeout 10m ./scheduler/ -args -mem.nodes=500 -mem.pods=5000
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'PodStartup' -benchtime 1x -timeout 10m ./bench/ -args -startup.pods=5
@@ -53,6 +54,7 @@ bench: setup build
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Failover' -benchtime 20x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'API' -benchtime 10000x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Admission' -benchtime 4000x -timeout 30m ./bench/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'CRDs' -benchtime 5000x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Scheduler' -benchtime 1x -timeout 30m ./bench/
 	$(GO) test -count=1 -run '^$$' -bench 'CacheMemory|Decide' -timeout 30m ./scheduler/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'PodStartup' -benchtime 1x -timeout 30m ./bench/
