@@ -253,3 +253,128 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("version %+v; want v1.37.x+skiff.<version>, major 1, minor 37", info)
 	}
 }
+
+// TestInvalidCRDs: a CRD the library's validation refuses is refused with a 422 naming the field, and a bad
+// update leaves the stored CRD as it was. A name already in use by another CRD is not a validation error on
+// kube-apiserver either: the CRD is stored with NamesAccepted False and never Established.
+func TestInvalidCRDs(t *testing.T) {
+	cfg := startAPI(t, nil)
+	ctx := context.Background()
+	crds := apiextensionsclient.NewForConfigOrDie(cfg).ApiextensionsV1().CustomResourceDefinitions()
+
+	schema := func(crd *apiextensionsv1.CustomResourceDefinition) *apiextensionsv1.JSONSchemaProps {
+		return crd.Spec.Versions[0].Schema.OpenAPIV3Schema
+	}
+	spec := func(crd *apiextensionsv1.CustomResourceDefinition) apiextensionsv1.JSONSchemaProps {
+		return schema(crd).Properties["spec"]
+	}
+	// The paths are kube-apiserver's: a CRD whose versions share one schema is validated in the internal form
+	// that holds it once, at spec.validation.openAPIV3Schema.
+	for _, tc := range []struct {
+		name   string
+		change func(*apiextensionsv1.CustomResourceDefinition)
+		want   []string
+	}{
+		{"non-structural schema", func(crd *apiextensionsv1.CustomResourceDefinition) {
+			s := spec(crd)
+			s.Type = "" // every node of a structural schema has a type
+			schema(crd).Properties["spec"] = s
+		}, []string{"spec.validation.openAPIV3Schema.properties[spec].type", "Required value"}},
+		{"name that does not match the group", func(crd *apiextensionsv1.CustomResourceDefinition) {
+			crd.Name = "crontabs.other.example.com"
+		}, []string{"metadata.name", "must be spec.names.plural+\".\"+spec.group"}},
+		{"CEL rule that does not compile", func(crd *apiextensionsv1.CustomResourceDefinition) {
+			s := spec(crd)
+			s.XValidations = apiextensionsv1.ValidationRules{{Rule: "self.replicas <= ", Message: "m"}}
+			schema(crd).Properties["spec"] = s
+		}, []string{"spec.validation.openAPIV3Schema.properties[spec].x-kubernetes-validations[0].rule", "compilation failed"}},
+		{"CEL rule over its cost budget", func(crd *apiextensionsv1.CustomResourceDefinition) {
+			s := spec(crd)
+			// Unbounded lists of unbounded strings, compared pairwise by regular expression.
+			s.Properties["tags"] = apiextensionsv1.JSONSchemaProps{Type: "array", Items: &apiextensionsv1.JSONSchemaPropsOrArray{
+				Schema: &apiextensionsv1.JSONSchemaProps{Type: "string"}}}
+			s.XValidations = apiextensionsv1.ValidationRules{{Rule: "self.tags.all(x, self.tags.all(y, x.matches(y)))"}}
+			schema(crd).Properties["spec"] = s
+		}, []string{"x-kubernetes-validations[0].rule", "cost"}},
+		{"default that fails its own schema", func(crd *apiextensionsv1.CustomResourceDefinition) {
+			s := spec(crd)
+			r := s.Properties["replicas"]
+			r.Default = &apiextensionsv1.JSON{Raw: []byte(`"three"`)}
+			s.Properties["replicas"] = r
+			schema(crd).Properties["spec"] = s
+		}, []string{"properties[replicas].default", "Invalid value"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			crd := crontabCRD()
+			tc.change(crd)
+			_, err := crds.Create(ctx, crd, metav1.CreateOptions{})
+			if !apierrors.IsInvalid(err) {
+				t.Fatalf("create: %v; want 422 Invalid", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("create: %v\nwant it to name %q", err, w)
+				}
+			}
+		})
+	}
+
+	// The same changes as updates of a stored CRD are refused and change nothing.
+	stored, err := crds.Create(ctx, crontabCRD(), metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the CRD Established", 30*time.Second, func() error {
+		crd, err := crds.Get(ctx, stored.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, c := range crd.Status.Conditions {
+			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+				stored = crd
+				return nil
+			}
+		}
+		return fmt.Errorf("conditions %v", crd.Status.Conditions)
+	})
+	update := stored.DeepCopy()
+	s := spec(update)
+	s.XValidations = apiextensionsv1.ValidationRules{{Rule: "self.nope(", Message: "m"}}
+	schema(update).Properties["spec"] = s
+	if _, err := crds.Update(ctx, update, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "x-kubernetes-validations[0].rule") {
+		t.Errorf("update with a bad rule: %v; want 422 naming the rule", err)
+	}
+	if after, err := crds.Get(ctx, stored.Name, metav1.GetOptions{}); err != nil || after.ResourceVersion != stored.ResourceVersion {
+		t.Errorf("after the refused update: %v, resourceVersion %s, was %s", err, after.ResourceVersion, stored.ResourceVersion)
+	}
+
+	// Another CRD claiming the plural's short name "ct" as its own plural in the same group: stored, with
+	// NamesAccepted False naming the conflict, and not served.
+	clash := &apiextensionsv1.CustomResourceDefinition{
+		ObjectMeta: metav1.ObjectMeta{Name: "ct.stable.example.com"},
+		Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+			Group: "stable.example.com", Scope: apiextensionsv1.NamespaceScoped,
+			Names: apiextensionsv1.CustomResourceDefinitionNames{Plural: "ct", Singular: "ctone", Kind: "CronTabTwo"},
+			Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{Name: "v1", Served: true, Storage: true,
+				Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{Type: "object", XPreserveUnknownFields: ptr(true)}}}},
+		},
+	}
+	if _, err := crds.Create(ctx, clash, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "NamesAccepted False", 30*time.Second, func() error {
+		crd, err := crds.Get(ctx, clash.Name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, c := range crd.Status.Conditions {
+			if c.Type == apiextensionsv1.NamesAccepted && c.Status == apiextensionsv1.ConditionFalse && strings.Contains(c.Message, `"ct" is already in use`) {
+				return nil
+			}
+			if c.Type == apiextensionsv1.Established && c.Status == apiextensionsv1.ConditionTrue {
+				t.Fatalf("the clashing CRD is Established: %v", crd.Status.Conditions)
+			}
+		}
+		return fmt.Errorf("conditions %v", crd.Status.Conditions)
+	})
+}
