@@ -43,7 +43,8 @@ func moduleDir(t *testing.T, module string) string {
 // one server is served by every server; api-resources, explain, get -w, edit, patch --subresource=status and
 // scale work on its objects; every APIService is Available; and the CRD bundles of cert-manager, the
 // Prometheus operator and the Gateway API install with `kubectl apply --server-side` and validate and default
-// their objects as on kube-apiserver.
+// their objects as on kube-apiserver; and a Helm chart with a crds/ folder and templates of its custom kind
+// installs, upgrades and uninstalls.
 func TestCustomResourcesWithKubectl(t *testing.T) {
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
@@ -246,6 +247,71 @@ spec:
 `, "apply", "-f", "-")
 		mustContain(t, "Prometheus operator schema", out, "scheme", "Unsupported value")
 	})
+
+	t.Run("Helm chart with crds/", func(t *testing.T) {
+		helmBin := helmBinary(t)
+		helm := func(args ...string) (string, error) {
+			out, err := exec.Command(helmBin, append([]string{"--kubeconfig", k1.kubeconfig}, args...)...).CombinedOutput()
+			return string(out), err
+		}
+		helmOK := func(args ...string) string {
+			t.Helper()
+			out, err := helm(args...)
+			if err != nil {
+				t.Fatalf("helm %s: %v\n%s", strings.Join(args, " "), err, out)
+			}
+			return out
+		}
+		const chart = "testdata/charts/backups"
+		// Install: Helm creates the CRD of crds/ first, waits for it to be served, then the templates' objects.
+		helmOK("install", "backups", chart, "--wait", "--timeout=60s")
+		k := k2.withT(t)
+		mustContain(t, "installed schedule", k.ok("get", "bs", "nightly", "-o", "jsonpath={.spec.cron} {.spec.keep} {.spec.retentionDays}"), "0 3 * * * 7 30")
+		// Upgrade: a changed schedule and a new one, whose keep the CRD's schema defaults.
+		helmOK("upgrade", "backups", chart, "--wait", "--timeout=60s",
+			"--set", "schedules[0].name=nightly,schedules[0].cron=0 4 * * *,schedules[0].keep=14",
+			"--set", "schedules[1].name=weekly,schedules[1].cron=0 5 * * 0")
+		mustContain(t, "upgraded schedule", k.ok("get", "bs", "nightly", "-o", "jsonpath={.spec.cron} {.spec.keep}"), "0 4 * * * 14")
+		mustContain(t, "added schedule, defaulted", k.ok("get", "bs", "weekly", "-o", "jsonpath={.spec.cron} {.spec.keep} {.spec.retentionDays}"), "0 5 * * 0 3 30")
+		mustContain(t, "settings", k.ok("get", "configmap", "backups-settings", "-o", "jsonpath={.data.schedules}"), "2")
+		// An upgrade the CRD's CEL rule refuses fails and changes nothing.
+		out, err := helm("upgrade", "backups", chart, "--set", "schedules[0].name=nightly,schedules[0].cron=0 4 * * *,schedules[0].keep=40",
+			"--set", "schedules[1].name=weekly,schedules[1].cron=0 5 * * 0")
+		if err == nil {
+			t.Fatalf("helm upgrade past the CEL rule succeeded:\n%s", out)
+		}
+		mustContain(t, "refused upgrade", out, "keep must not exceed retentionDays")
+		mustContain(t, "unchanged after the refused upgrade", k.ok("get", "bs", "nightly", "-o", "jsonpath={.spec.keep}"), "14")
+		mustContain(t, "history", helmOK("history", "backups"), "deployed", "failed")
+		// Uninstall removes the templates' objects and, as Helm does, leaves the CRD of crds/.
+		helmOK("uninstall", "backups", "--wait", "--timeout=60s")
+		proctest.WaitFor(t, "the chart's objects gone", 30*time.Second, func() error {
+			if out := k.ok("get", "bs,configmap", "-l", "app.kubernetes.io/instance=backups", "-o", "name"); out != "" {
+				return fmt.Errorf("left: %s", out)
+			}
+			if out, _ := k.run("get", "configmap", "backups-settings"); !strings.Contains(out, "NotFound") {
+				return fmt.Errorf("settings left: %s", out)
+			}
+			return nil
+		})
+		k.ok("get", "crd", "backupschedules.charts.skiff.dev")
+	})
+}
+
+// helmModule is the Helm release the chart test installs with, built from the module proxy with its own
+// module graph (it is not a dependency of Skiff's).
+const helmModule = "helm.sh/helm/v3/cmd/helm@v3.22.0"
+
+// helmBinary builds helm (once the build cache is warm, only a link) into a temporary directory.
+func helmBinary(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	cmd := exec.Command("go", "install", helmModule)
+	cmd.Env = append(os.Environ(), "GOBIN="+dir, "GOFLAGS=-mod=mod")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go install %s: %v\n%s", helmModule, err, out)
+	}
+	return filepath.Join(dir, "helm")
 }
 
 // runWithStdin runs kubectl with input on its standard input, returning its output and error.
@@ -277,7 +343,7 @@ func TestExtensionAPIServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	const image = "skiff.test/extserver:1"
-	if err := testimages.WriteExtensionServerTarball(image, filepath.Join(imageDir, "extserver.tar")); err != nil {
+	if err := testimages.WriteProgramTarball(testimages.ExtensionServer, image, filepath.Join(imageDir, "extserver.tar")); err != nil {
 		t.Fatal(err)
 	}
 	st := upLocalCluster(t, proctest.Binary(t), dir, "--servers", "1", "--agents", "1", "--images", imageDir)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/skiff-dev/skiff/internal/images"
 	"github.com/skiff-dev/skiff/internal/proctest"
+	"github.com/skiff-dev/skiff/internal/testimages"
 	"github.com/skiff-dev/skiff/localcluster"
 )
 
@@ -26,6 +27,8 @@ import (
 //   - partition an agent's host from the others, then heal it: the same sequence, and the evicted pod does
 //     not run on the healed agent (no container of it in its containerd);
 //   - partition the leader's host from the agents: no eviction (the disruption guard's case);
+//   - a controller-runtime operator in a pod (internal/testimages/operator) reconciles its custom resource
+//     before and after the Raft leader's kill, without restarting;
 //   - kill -9 the Raft leader: the new leader marks no node unreachable, and does mark a killed agent;
 //   - gossip is encrypted throughout (skiff local writes an `encrypt` key into every HCL);
 //   - `skiff local down` leaves no namespace, veth or bridge behind.
@@ -51,6 +54,9 @@ func TestLocalHACluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := images.WriteTarball(img, "example.test/offline:1", filepath.Join(imageDir, "offline.tar")); err != nil {
+		t.Fatal(err)
+	}
+	if err := testimages.WriteProgramTarball(testimages.Operator, "skiff.test/operator:1", filepath.Join(imageDir, "operator.tar")); err != nil {
 		t.Fatal(err)
 	}
 	st := upLocalCluster(t, bin, dir, "--images", imageDir)
@@ -224,6 +230,17 @@ spec:
 		t.Fatal(err)
 	}
 
+	// A controller-runtime operator in a pod reconciles its custom resource before the leader's kill below.
+	k.ok("apply", "-f", "testdata/greeting-operator.yaml")
+	k.ok("wait", "--for=condition=Established", "crd/greetings.demo.skiff.dev", "--timeout=30s")
+	k.ok("rollout", "status", "-n", "greeting-system", "deploy/greeting-operator", "--timeout=120s")
+	applyYAML(t, k, `apiVersion: demo.skiff.dev/v1
+kind: Greeting
+metadata: {name: hello}
+spec: {message: before the failover}
+`)
+	waitGreeting(t, k, "hello", "before the failover", 1)
+
 	// kill -9 the Raft leader: nothing is marked unreachable by its successor.
 	leader := raftLeader(t, bin, st.Kubeconfig(dir))
 	if err := st.Kill(leader); err != nil {
@@ -235,6 +252,30 @@ spec:
 	}
 	k2 := kubectl{t: t, kubeconfig: strings.Replace(st.Kubeconfig(dir), "/server-1/", "/"+survivor+"/", 1)}
 	k2.waitForAPI("default")
+	// The operator, whose watches and leader election Lease went through the killed server for a third of
+	// its connections, goes on reconciling without a restart: a changed Greeting, a new one, and a ConfigMap
+	// deleted by hand, which it owns and puts back.
+	k2.ok("patch", "greeting", "hello", "--type=merge", "-p", `{"spec":{"message":"after the failover"}}`)
+	waitGreeting(t, k2, "hello", "after the failover", 2)
+	applyYAML(t, k2, `apiVersion: demo.skiff.dev/v1
+kind: Greeting
+metadata: {name: later}
+spec: {message: created after the failover}
+`)
+	waitGreeting(t, k2, "later", "created after the failover", 1)
+	k2.ok("delete", "configmap", "later")
+	waitGreeting(t, k2, "later", "created after the failover", 1)
+	if restarts := k2.ok("get", "pods", "-n", "greeting-system", "-o", "jsonpath={.items[*].status.containerStatuses[*].restartCount}"); restarts != "0" {
+		t.Errorf("the operator restarted across the leader's kill: restartCount %s\n%s", restarts, k2.ok("logs", "-n", "greeting-system", "deploy/greeting-operator", "--previous"))
+	}
+	// The garbage collector removes a Greeting's ConfigMap with it (the operator made the Greeting its owner).
+	k2.ok("delete", "greeting", "hello")
+	proctest.WaitFor(t, "hello's ConfigMap collected", 60*time.Second, func() error {
+		if out, _ := k2.run("get", "configmap", "hello"); !strings.Contains(out, "NotFound") {
+			return fmt.Errorf("still there: %s", out)
+		}
+		return nil
+	})
 	deadline := time.Now().Add(15 * time.Second)
 	for time.Now().Before(deadline) {
 		for _, n := range []string{"agent-1", "agent-2"} {
@@ -253,6 +294,23 @@ spec:
 		t.Fatal(err)
 	}
 	k2.waitNodeHealth("agent-1", "True/", 60*time.Second)
+}
+
+// waitGreeting waits until the operator has reconciled the Greeting name of the default namespace: its
+// ConfigMap holds message, and its status says the generation and the ConfigMap.
+func waitGreeting(t *testing.T, k kubectl, name, message string, generation int) {
+	t.Helper()
+	proctest.WaitFor(t, "the operator reconciled Greeting "+name, 60*time.Second, func() error {
+		got, err := k.run("get", "configmap", name, "-o", "jsonpath={.data.message}")
+		if err != nil || got != message {
+			return fmt.Errorf("ConfigMap %s: %v %q", name, err, got)
+		}
+		status, err := k.run("get", "greeting", name, "-o", "jsonpath={.status.observedGeneration} {.status.configMap}")
+		if want := fmt.Sprintf("%d %s", generation, name); err != nil || status != want {
+			return fmt.Errorf("status %q, want %q: %v", status, want, err)
+		}
+		return nil
+	})
 }
 
 // upLocalCluster runs `skiff local up --servers 3 --agents 2` in dir with the extra arguments, and has the

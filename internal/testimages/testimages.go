@@ -9,11 +9,13 @@
 //   - server: the busybox image's files plus the test HTTP server (./testserver) at /server, the entrypoint. The
 //     busybox applets make exec probes such as `cat /tmp/healthy` work in it.
 //   - pause: the pod sandbox image of internal/images.PauseImage, with cmd/skiff-pause.
-//   - extserver (PushExtensionServer): an extension API server (./extserver) for APIService tests.
+//   - extserver and operator (WriteProgramTarball): an extension API server (./extserver) and a
+//     controller-runtime operator (./operator), each alone in its image.
 package testimages
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log"
 	"net/http/httptest"
@@ -126,35 +128,37 @@ func WriteServerTarball(ref, path string) error {
 	return images.WriteTarball(b.server, ref, path)
 }
 
-// extensionServer is the extension API server image (./extserver at /extserver, the entrypoint), built once per
-// process and only by the tests that ask for it: it links k8s.io/apiserver, so it takes a while to build.
-var extensionServer = sync.OnceValues(func() (v1.Image, error) {
-	bin, err := staticBinary("./internal/testimages/extserver")
+// Programs of this package that run alone in an image, each at /NAME and the image's entrypoint.
+const (
+	// ExtensionServer is an extension API server (./extserver) for APIService tests.
+	ExtensionServer = "extserver"
+	// Operator is a controller-runtime operator (./operator) that reconciles Greetings into ConfigMaps.
+	Operator = "operator"
+)
+
+// programImages builds each program's image once per process, and only for the tests that ask for it: the
+// programs link k8s.io libraries and take a while to build.
+var programImages = map[string]func() (v1.Image, error){
+	ExtensionServer: sync.OnceValues(func() (v1.Image, error) { return programImage(ExtensionServer) }),
+	Operator:        sync.OnceValues(func() (v1.Image, error) { return programImage(Operator) }),
+}
+
+func programImage(name string) (v1.Image, error) {
+	bin, err := staticBinary("./internal/testimages/" + name)
 	if err != nil {
 		return nil, err
 	}
-	return images.Build(images.Spec{Files: []images.File{{Path: "/extserver", Mode: 0o755, Data: bin}}, Entrypoint: []string{"/extserver"}})
-})
-
-// PushExtensionServer builds the extension API server image and pushes it to the registry at registryAddr
-// as <registry>/skiff/extserver:test, which it returns.
-func PushExtensionServer(t testing.TB, registryAddr string) string {
-	t.Helper()
-	img, err := extensionServer()
-	if err != nil {
-		t.Fatalf("testimages: %v", err)
-	}
-	ref := registryAddr + "/skiff/extserver:test"
-	if err := images.Push(t.Context(), img, ref); err != nil {
-		t.Fatalf("testimages: %v", err)
-	}
-	return ref
+	return images.Build(images.Spec{Files: []images.File{{Path: "/" + name, Mode: 0o755, Data: bin}}, Entrypoint: []string{"/" + name}})
 }
 
-// WriteExtensionServerTarball writes the extension API server image, named ref, as an image tarball at path,
-// for agents that import images from their data dir (`skiff local up --images DIR`).
-func WriteExtensionServerTarball(ref, path string) error {
-	img, err := extensionServer()
+// WriteProgramTarball writes the image of program (ExtensionServer or Operator), named ref, as an image
+// tarball at path, for agents that import images from their data dir (`skiff local up --images DIR`).
+func WriteProgramTarball(program, ref, path string) error {
+	build, ok := programImages[program]
+	if !ok {
+		return fmt.Errorf("testimages: no program %q", program)
+	}
+	img, err := build()
 	if err != nil {
 		return err
 	}
