@@ -16,7 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/kubernetes/pkg/apis/core"
+	configmapregistry "k8s.io/kubernetes/pkg/registry/core/configmap"
 	limitrangeregistry "k8s.io/kubernetes/pkg/registry/core/limitrange"
+	secretregistry "k8s.io/kubernetes/pkg/registry/core/secret"
 )
 
 // Namespaces.
@@ -70,6 +72,19 @@ func secretFields(o runtime.Object) fields.Set {
 }
 func secretType(o runtime.Object) interface{} { return string(o.(*corev1.Secret).Type) }
 func secretData(o runtime.Object) interface{} { return int64(len(o.(*corev1.Secret).Data)) }
+
+// configMapStrategies and secretStrategies are kube-apiserver's: key validation (a Secret's keys may not be
+// empty) and immutability (an immutable ConfigMap's or Secret's data, and its immutable flag, never change).
+var (
+	configMapStrategies = &kubeStrategies{
+		internal: func() runtime.Object { return &core.ConfigMap{} },
+		main:     configmapregistry.Strategy,
+	}
+	secretStrategies = &kubeStrategies{
+		internal: func() runtime.Object { return &core.Secret{} },
+		main:     secretregistry.Strategy,
+	}
+)
 
 // Services.
 

@@ -96,8 +96,13 @@ func (s convertingStrategy) DefaultGarbageCollectionPolicy(ctx context.Context) 
 	return rest.DeleteDependents
 }
 
-// PrepareForCreate leaves an object that does not convert alone; Validate then reports why.
+// PrepareForCreate leaves an object that does not convert alone; Validate then reports why. The row's own
+// defaults run first: they do what kube-apiserver does while decoding a request and the conversion into the
+// v1 object does not undo (a Secret's write-only stringData folded into data and cleared).
 func (s convertingStrategy) PrepareForCreate(ctx context.Context, obj runtime.Object) {
+	if s.k.defaults != nil {
+		s.k.defaults(obj)
+	}
 	kubeScheme.Default(obj)
 	if in, err := s.toInternal(obj); err == nil {
 		s.kube.PrepareForCreate(ctx, in)
@@ -106,6 +111,9 @@ func (s convertingStrategy) PrepareForCreate(ctx context.Context, obj runtime.Ob
 }
 
 func (s convertingStrategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object) {
+	if s.k.defaults != nil {
+		s.k.defaults(obj)
+	}
 	kubeScheme.Default(obj)
 	in, err1 := s.toInternal(obj)
 	oldIn, err2 := s.toInternal(old)

@@ -96,9 +96,9 @@ var kinds = []*kind{
 	{gv: corev1.SchemeGroupVersion, resource: "endpoints", singular: "endpoints", namespaced: true, newFunc: obj[corev1.Endpoints](), newListFunc: obj[corev1.EndpointsList](),
 		shortNames: []string{"ep"}, columns: endpointsColumns},
 	{gv: corev1.SchemeGroupVersion, resource: "configmaps", singular: "configmap", namespaced: true, newFunc: obj[corev1.ConfigMap](), newListFunc: obj[corev1.ConfigMapList](),
-		shortNames: []string{"cm"}, columns: []column{nameColumn, {name: "Data", typ: "integer", value: configMapData}, ageColumn}},
+		shortNames: []string{"cm"}, kube: configMapStrategies, columns: []column{nameColumn, {name: "Data", typ: "integer", value: configMapData}, ageColumn}},
 	{gv: corev1.SchemeGroupVersion, resource: "secrets", singular: "secret", namespaced: true, newFunc: obj[corev1.Secret](), newListFunc: obj[corev1.SecretList](),
-		defaults: defaultSecret, fields: secretFields, fieldNames: []string{"type"},
+		defaults: defaultSecret, kube: secretStrategies, fields: secretFields, fieldNames: []string{"type"},
 		columns: []column{nameColumn, {name: "Type", typ: "string", value: secretType}, {name: "Data", typ: "integer", value: secretData}, ageColumn}},
 	{gv: corev1.SchemeGroupVersion, resource: "serviceaccounts", singular: "serviceaccount", namespaced: true, newFunc: obj[corev1.ServiceAccount](), newListFunc: obj[corev1.ServiceAccountList](),
 		shortNames: []string{"sa"}},
@@ -180,7 +180,7 @@ var kinds = []*kind{
 
 	// scheduling.k8s.io/v1
 	{gv: schedulingv1.SchemeGroupVersion, resource: "priorityclasses", singular: "priorityclass", newFunc: obj[schedulingv1.PriorityClass](), newListFunc: obj[schedulingv1.PriorityClassList](),
-		shortNames: []string{"pc"}},
+		shortNames: []string{"pc"}, kube: priorityClassStrategies},
 
 	// admissionregistration.k8s.io/v1: Kubernetes' own strategies and validation (kinds_admissionregistration.go),
 	// enforced by the library's admission plugins (package apiserver/admission, policy.go).

@@ -256,6 +256,7 @@ func New(c Config) (*Server, error) {
 		return nil, err
 	}
 	generic.AddPostStartHookOrDie("rbac/bootstrap-roles", auth.RBACPolicyHook(c.RBACPolicyReady))
+	generic.AddPostStartHookOrDie("scheduling/bootstrap-system-priority-classes", systemPriorityClassesHook)
 	trust, err := extensionAuthentication(c.ClientCAPEM, c.FrontProxyCAPEM, client)
 	if err != nil {
 		return nil, err
