@@ -47,9 +47,7 @@ func apiCluster(b *testing.B) (*proctest.Cluster, []kubernetes.Interface) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		cfg.QPS, cfg.Burst = -1, 0
-		cfg.ContentType = "application/vnd.kubernetes.protobuf"
-		client := kubernetes.NewForConfigOrDie(cfg)
+		client := kubeClient(b, cfg)
 		proctest.WaitFor(b, p.Name+" API", 60*time.Second, func() error {
 			_, err := client.CoreV1().Namespaces().Get(context.Background(), "default", metav1.GetOptions{})
 			return err
@@ -57,6 +55,15 @@ func apiCluster(b *testing.B) (*proctest.Cluster, []kubernetes.Interface) {
 		clients = append(clients, client)
 	}
 	return c, clients
+}
+
+// kubeClient is a clientset for cfg that speaks protobuf, as Kubernetes' own components do, with no
+// client-side rate limit.
+func kubeClient(b *testing.B, cfg *rest.Config) kubernetes.Interface {
+	cfg = rest.CopyConfig(cfg)
+	cfg.QPS, cfg.Burst = -1, 0
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	return kubernetes.NewForConfigOrDie(cfg)
 }
 
 // benchPod is the pod the API benchmark creates. It names a scheduler that does not exist, so that the
@@ -229,9 +236,7 @@ func rbacCreates(b *testing.B, c *proctest.Cluster, admin []kubernetes.Interface
 		}
 		cfg = rest.AnonymousClientConfig(cfg)
 		cfg.BearerToken = tr.Status.Token
-		cfg.QPS, cfg.Burst = -1, 0
-		cfg.ContentType = "application/vnd.kubernetes.protobuf"
-		client := kubernetes.NewForConfigOrDie(cfg)
+		client := kubeClient(b, cfg)
 		proctest.WaitFor(b, p.Name+" RBAC binding", 30*time.Second, func() error {
 			_, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{Limit: 1})
 			return err

@@ -23,6 +23,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/dynamic"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/skiff-dev/skiff/internal/proctest"
@@ -38,26 +40,92 @@ var benchCRDBundles = []struct{ module, dir string }{
 	{"sigs.k8s.io/gateway-api@v1.6.3", "config/crd/standard"},
 }
 
-// BenchmarkCRDs measures custom resources on three `skiff server` processes:
-//   - custom resource creates per second (client-go's dynamic client, JSON) at concurrency 64 spread over the
-//     peers, and the servers' CPU per create, beside pod creates in the same run;
+var crdKubeAPIServer = flag.Bool("crd.kube-apiserver", false, "also measure kube-apiserver 1.37.2 with etcd the same way, after Skiff (make bench)")
+
+// apiTarget is three API servers under benchmark: Skiff's, or kube-apiserver's with etcd.
+type apiTarget struct {
+	configs []*rest.Config
+	pids    []int // the processes whose CPU and memory count
+}
+
+// crdFigures are what BenchmarkCRDs measures of one target.
+type crdFigures struct {
+	firstCR                   []time.Duration
+	crRate, podRate           float64
+	crP99, podP99             time.Duration
+	crServersMs, podServersMs float64
+	installed                 int
+	rssBefore, rssAfter       int64
+	mibPerCRDPerServer        float64
+}
+
+// BenchmarkCRDs measures custom resources on three `skiff server` processes and, with -crd.kube-apiserver,
+// on three kube-apiserver 1.37.2 processes over a three-member etcd cluster, one after the other in the same
+// run (Skiff's servers are stopped first, so the two never share the machine's cores):
 //   - the time from a CRD's create to its first accepted custom resource, through each server;
+//   - custom resource creates per second (client-go's dynamic client, JSON) at concurrency 64 spread over the
+//     servers, and the servers' CPU per create (kube-apiserver's and etcd's together), beside pod creates
+//     (protobuf) in the same run;
 //   - the servers' memory per CRD with -crd.count real-world CRDs installed (cert-manager's, the Prometheus
 //     operator's and the Gateway API's, repeated under other group names to reach the count).
 //
 // b.N is the number of creates of each kind; run with -benchtime=5000x.
 func BenchmarkCRDs(b *testing.B) {
-	c, clients := apiCluster(b)
 	ctx := context.Background()
+	c, clients := apiCluster(b)
 	createNamespace(b, ctx, clients[0], "bench")
-	var dyns []dynamic.Interface
-	var crds []apiextensionsclient.Interface
+	skiff := apiTarget{pids: clusterPIDs(c)}
 	for _, p := range c.Procs {
 		cfg, err := clientcmd.BuildConfigFromFlags("", p.Kubeconfig())
 		if err != nil {
 			b.Fatal(err)
 		}
+		skiff.configs = append(skiff.configs, cfg)
+	}
+	b.ResetTimer()
+	report(b, "", measureCRDs(b, ctx, skiff))
+	if !*crdKubeAPIServer {
+		b.ReportMetric(0, "ns/op")
+		return
+	}
+	for _, p := range c.Procs {
+		if err := c.Stop(p); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	kas := startKubeAPIServers(b)
+	createNamespaceWithServiceAccount(b, ctx, kas.configs[0], "bench")
+	b.StartTimer()
+	report(b, "kas-", measureCRDs(b, ctx, apiTarget{configs: kas.configs, pids: kas.pids()}))
+	b.ReportMetric(0, "ns/op")
+}
+
+// report reports one target's figures, their names prefixed.
+func report(b *testing.B, prefix string, f crdFigures) {
+	for i, took := range f.firstCR {
+		b.ReportMetric(ms(took), fmt.Sprintf("%sfirst-cr-server%d-ms", prefix, i+1))
+	}
+	b.ReportMetric(f.crRate, prefix+"cr-creates/s")
+	b.ReportMetric(ms(f.crP99), prefix+"cr-create-p99-ms")
+	b.ReportMetric(f.crServersMs, prefix+"cr-create-server-cpu-ms")
+	b.ReportMetric(f.podRate, prefix+"pod-creates/s")
+	b.ReportMetric(ms(f.podP99), prefix+"pod-create-p99-ms")
+	b.ReportMetric(f.podServersMs, prefix+"pod-create-server-cpu-ms")
+	b.ReportMetric(f.mibPerCRDPerServer, prefix+"MiB-per-crd-per-server")
+	b.Logf("%s%d CRDs: the servers' RSS %.0f MiB before, %.0f MiB after (%.2f MiB per CRD per server)",
+		prefix, f.installed, float64(f.rssBefore)/(1<<20), float64(f.rssAfter)/(1<<20), f.mibPerCRDPerServer)
+}
+
+// measureCRDs measures one target, whose namespace "bench" exists.
+func measureCRDs(b *testing.B, ctx context.Context, target apiTarget) (f crdFigures) {
+	var pods []kubernetes.Interface
+	var dyns []dynamic.Interface
+	var crds []apiextensionsclient.Interface
+	for _, cfg := range target.configs {
+		cfg = rest.CopyConfig(cfg)
 		cfg.QPS, cfg.Burst = -1, 0
+		pods = append(pods, kubeClient(b, cfg))
 		dyns = append(dyns, dynamic.NewForConfigOrDie(cfg))
 		crds = append(crds, apiextensionsclient.NewForConfigOrDie(cfg))
 	}
@@ -69,44 +137,33 @@ func BenchmarkCRDs(b *testing.B) {
 		b.Fatal(err)
 	}
 	gvr := schema.GroupVersionResource{Group: "bench.skiff.dev", Version: "v1", Resource: "widgets"}
-	firstCR := make([]time.Duration, len(dyns))
+	f.firstCR = make([]time.Duration, len(dyns))
 	for i := range dyns {
 		proctest.WaitFor(b, "the first widget through server "+strconv.Itoa(i+1), 60*time.Second, func() error {
 			_, err := dyns[i].Resource(gvr).Namespace("bench").Create(ctx, benchWidget(fmt.Sprintf("first-%d", i)), metav1.CreateOptions{})
-			firstCR[i] = time.Since(created)
+			f.firstCR[i] = time.Since(created)
 			return err
 		})
 	}
 
 	const conc = 64
 	n := b.N
-	b.ResetTimer()
-	podCPU := startCPU(b, c)
-	podRate, _, podP99 := run(b, conc, n, func(w, i int) error {
-		_, err := clients[w%3].CoreV1().Pods("bench").Create(ctx, benchPod(fmt.Sprintf("p-%06d", i)), metav1.CreateOptions{})
+	podCPU := startCPUOf(b, target.pids)
+	f.podRate, _, f.podP99 = run(b, conc, n, func(w, i int) error {
+		_, err := pods[w%3].CoreV1().Pods("bench").Create(ctx, benchPod(fmt.Sprintf("p-%06d", i)), metav1.CreateOptions{})
 		return err
 	})
-	_, podServersMs := podCPU.perOp(n)
-	crCPU := startCPU(b, c)
-	crRate, _, crP99 := run(b, conc, n, func(w, i int) error {
+	_, f.podServersMs = podCPU.perOp(n)
+	crCPU := startCPUOf(b, target.pids)
+	f.crRate, _, f.crP99 = run(b, conc, n, func(w, i int) error {
 		_, err := dyns[w%3].Resource(gvr).Namespace("bench").Create(ctx, benchWidget(fmt.Sprintf("w-%06d", i)), metav1.CreateOptions{})
 		return err
 	})
-	_, crServersMs := crCPU.perOp(n)
-	b.StopTimer()
-	for i, took := range firstCR { // reported after ResetTimer, which clears what was reported before it
-		b.ReportMetric(ms(took), fmt.Sprintf("first-cr-server%d-ms", i+1))
-	}
-	b.ReportMetric(crRate, "cr-creates/s")
-	b.ReportMetric(ms(crP99), "cr-create-p99-ms")
-	b.ReportMetric(crServersMs, "cr-create-server-cpu-ms")
-	b.ReportMetric(podRate, "pod-creates/s")
-	b.ReportMetric(ms(podP99), "pod-create-p99-ms")
-	b.ReportMetric(podServersMs, "pod-create-server-cpu-ms")
+	_, f.crServersMs = crCPU.perOp(n)
 
 	// Memory per CRD: the servers' RSS after a GC settles, before and after installing the CRDs.
-	before := serversRSS(b, c)
-	installed := installRealCRDs(b, ctx, crds[0], *crdCount)
+	f.rssBefore = rss(b, target.pids)
+	f.installed = installRealCRDs(b, ctx, crds[0], *crdCount)
 	proctest.WaitFor(b, "every CRD Established", 5*time.Minute, func() error {
 		list, err := crds[0].ApiextensionsV1().CustomResourceDefinitions().List(ctx, metav1.ListOptions{})
 		if err != nil {
@@ -120,18 +177,15 @@ func BenchmarkCRDs(b *testing.B) {
 				}
 			}
 		}
-		if established < installed+1 {
-			return fmt.Errorf("%d of %d Established", established, installed+1)
+		if established < f.installed+1 {
+			return fmt.Errorf("%d of %d Established", established, f.installed+1)
 		}
 		return nil
 	})
 	time.Sleep(10 * time.Second) // discovery, OpenAPI and the APIServices settle on every server
-	after := serversRSS(b, c)
-	perCRD := float64(after-before) / float64(len(c.Procs)) / float64(installed) / (1 << 20)
-	b.ReportMetric(perCRD, "MiB-per-crd-per-server")
-	b.Logf("%d CRDs: the three servers' RSS %.0f MiB before, %.0f MiB after (%.2f MiB per CRD per server)",
-		installed, float64(before)/(1<<20), float64(after)/(1<<20), perCRD)
-	b.ReportMetric(0, "ns/op")
+	f.rssAfter = rss(b, target.pids)
+	f.mibPerCRDPerServer = float64(f.rssAfter-f.rssBefore) / float64(len(target.configs)) / float64(f.installed) / (1 << 20)
+	return f
 }
 
 func benchCRD(plural, group string) *apiextensionsv1.CustomResourceDefinition {
@@ -227,14 +281,14 @@ func goModuleDir(b *testing.B, module string) string {
 	return info.Dir
 }
 
-// serversRSS is the sum of the server processes' resident memory, read after a pause so that the Go
-// runtime's scavenger has returned what the last burst freed.
-func serversRSS(b *testing.B, c *proctest.Cluster) int64 {
+// rss is the sum of the processes' resident memory, read after a pause so that the Go runtime's scavenger
+// has returned what the last burst freed.
+func rss(b *testing.B, pids []int) int64 {
 	debug.FreeOSMemory() // the benchmark process's own, for a quieter machine
 	time.Sleep(5 * time.Second)
 	var sum int64
-	for _, p := range c.Procs {
-		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.PID()))
+	for _, pid := range pids {
+		status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -19,8 +19,9 @@ import (
 
 // etcdCluster is three etcd members on loopback, each with its own data dir.
 type etcdCluster struct {
-	clients []*clientv3.Client
-	cmds    []*exec.Cmd
+	clients   []*clientv3.Client
+	cmds      []*exec.Cmd
+	endpoints []string // each member's client URL
 }
 
 // startEtcd starts three members with etcd's defaults (fsync on) and returns one client per member.
@@ -57,6 +58,7 @@ func startEtcd(t testing.TB) *etcdCluster {
 			t.Fatal(err)
 		}
 		ec.cmds = append(ec.cmds, cmd)
+		ec.endpoints = append(ec.endpoints, client)
 		c, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
 			t.Fatal(err)

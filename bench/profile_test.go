@@ -57,13 +57,22 @@ type cpuMeter struct {
 	servers int64
 }
 
-func startCPU(b *testing.B, c *proctest.Cluster) *cpuMeter {
-	m := &cpuMeter{b: b}
-	for _, p := range c.Procs {
-		m.pids = append(m.pids, p.PID())
-	}
+func startCPU(b *testing.B, c *proctest.Cluster) *cpuMeter { return startCPUOf(b, clusterPIDs(c)) }
+
+// startCPUOf meters the CPU of the given server processes and of the benchmark's own.
+func startCPUOf(b *testing.B, pids []int) *cpuMeter {
+	m := &cpuMeter{b: b, pids: pids}
 	m.client, m.servers = m.read()
 	return m
+}
+
+// clusterPIDs are the process IDs of a cluster's servers.
+func clusterPIDs(c *proctest.Cluster) []int {
+	var pids []int
+	for _, p := range c.Procs {
+		pids = append(pids, p.PID())
+	}
+	return pids
 }
 
 func (m *cpuMeter) read() (client, servers int64) {
