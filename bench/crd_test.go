@@ -18,6 +18,7 @@ import (
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsclient "k8s.io/apiextensions-apiserver/pkg/client/clientset/clientset"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -232,8 +233,18 @@ func installRealCRDs(b *testing.B, ctx context.Context, client apiextensionsclie
 			}
 			crd.Name = crd.Spec.Names.Plural + "." + crd.Spec.Group
 			crd.ResourceVersion = ""
-			if _, err := client.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{}); err != nil {
-				b.Fatalf("creating %s: %v", crd.Name, err)
+			// A create whose outcome is unknown (a leader change under the load) is retried; it may have
+			// committed.
+			for attempt := 0; ; attempt++ {
+				_, err := client.ApiextensionsV1().CustomResourceDefinitions().Create(ctx, crd, metav1.CreateOptions{})
+				if err == nil || attempt > 0 && apierrors.IsAlreadyExists(err) {
+					break
+				}
+				if attempt == 5 || !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err) && !apierrors.IsTooManyRequests(err) {
+					b.Fatalf("creating %s: %v", crd.Name, err)
+				}
+				b.Logf("creating %s: %v; retrying", crd.Name, err)
+				time.Sleep(time.Second)
 			}
 			created++
 		}
