@@ -43,6 +43,10 @@ type kind struct {
 	shortNames  []string
 	categories  []string
 	hasStatus   bool // a status subresource that alone may change .status
+	// statusKeepsMeta are the metadata fields (keys of statusMetaFields) that the status subresource takes
+	// from the stored object, as the kind's status strategy in kube-apiserver does; it keeps other metadata
+	// changes.
+	statusKeepsMeta []string
 	// statusOnCreate keeps the status a create sends, as Kubernetes does for Nodes: a node agent registers
 	// its Node with capacity and conditions in one request.
 	statusOnCreate bool
@@ -86,7 +90,7 @@ var kinds = []*kind{
 		subresources: []subresource{{"finalize", func(s *genericregistry.Store) rest.Storage { return &finalizeREST{store: s} }}},
 		columns:      []column{nameColumn, {name: "Status", typ: "string", value: namespaceStatus}, ageColumn}},
 	{gv: corev1.SchemeGroupVersion, resource: "pods", singular: "pod", namespaced: true, newFunc: obj[corev1.Pod](), newListFunc: obj[corev1.PodList](),
-		shortNames: []string{"po"}, categories: []string{"all"}, hasStatus: true, defaults: defaultPod, prepareCreate: preparePodCreate, prepareUpdate: preparePodUpdate,
+		shortNames: []string{"po"}, categories: []string{"all"}, hasStatus: true, statusKeepsMeta: []string{"deletionTimestamp", "ownerReferences"}, defaults: defaultPod, prepareCreate: preparePodCreate, prepareUpdate: preparePodUpdate,
 		validate: validatePod, validateCreate: validatePodCreate, validateUpdate: validatePodUpdate, fields: podFields, gracefulDelete: podGracefulDelete, subresources: podSubresources,
 		fieldNames: []string{"spec.nodeName", "status.phase", "spec.schedulerName", "spec.restartPolicy", "spec.serviceAccountName", "status.podIP", "status.nominatedNodeName"},
 		columns:    podColumns},
@@ -121,7 +125,7 @@ var kinds = []*kind{
 
 	// apps/v1
 	{gv: appsv1.SchemeGroupVersion, resource: "deployments", singular: "deployment", namespaced: true, newFunc: obj[appsv1.Deployment](), newListFunc: obj[appsv1.DeploymentList](),
-		shortNames: []string{"deploy"}, categories: []string{"all"}, hasStatus: true, defaults: defaultDeployment, validate: validateDeployment, validateUpdate: validateSelectorUnchanged, columns: deploymentColumns,
+		shortNames: []string{"deploy"}, categories: []string{"all"}, hasStatus: true, statusKeepsMeta: []string{"labels"}, defaults: defaultDeployment, validate: validateDeployment, validateUpdate: validateSelectorUnchanged, columns: deploymentColumns,
 		subresources: scaleSubresource(deploymentScale)},
 	{gv: appsv1.SchemeGroupVersion, resource: "replicasets", singular: "replicaset", namespaced: true, newFunc: obj[appsv1.ReplicaSet](), newListFunc: obj[appsv1.ReplicaSetList](),
 		shortNames: []string{"rs"}, categories: []string{"all"}, hasStatus: true, defaults: defaultReplicaSet, validate: validateReplicaSet, validateUpdate: validateSelectorUnchanged, columns: replicaSetColumns,

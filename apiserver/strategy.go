@@ -140,13 +140,37 @@ func (s strategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {
 // statusStrategy is the strategy of the status subresource.
 type statusStrategy struct{ strategy }
 
+// PrepareForUpdate keeps what kube-apiserver's status strategies keep: the status and the metadata of the
+// request, and everything else (the spec) from the stored object, with the metadata fields the kind's status
+// endpoint may not change (statusKeepsMeta) taken from the stored object too.
 func (s statusStrategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object) {
-	// Only the status changes: everything else is taken from the stored object.
-	status := reflect.ValueOf(obj).Elem().FieldByName("Status")
-	saved := reflect.New(status.Type()).Elem()
-	saved.Set(status)
-	reflect.ValueOf(obj).Elem().Set(reflect.ValueOf(old.DeepCopyObject()).Elem())
-	reflect.ValueOf(obj).Elem().FieldByName("Status").Set(saved)
+	dst, src := reflect.ValueOf(obj).Elem(), reflect.ValueOf(old).Elem()
+	for i := 0; i < dst.NumField(); i++ {
+		switch dst.Type().Field(i).Name {
+		case "TypeMeta", "ObjectMeta", "Status":
+		default:
+			dst.Field(i).Set(src.Field(i))
+		}
+	}
+	newMeta, err1 := meta.Accessor(obj)
+	oldMeta, err2 := meta.Accessor(old)
+	if err1 != nil || err2 != nil {
+		return
+	}
+	for _, f := range s.k.statusKeepsMeta {
+		statusMetaFields[f].keep(newMeta, oldMeta)
+	}
+}
+
+// statusMetaFields are the metadata fields a kind's status endpoint may take from the stored object, with the
+// path server-side apply resets.
+var statusMetaFields = map[string]struct {
+	keep func(obj, old metav1.Object)
+	path fieldpath.Path
+}{
+	"labels":            {func(o, old metav1.Object) { o.SetLabels(old.GetLabels()) }, fieldpath.MakePathOrDie("metadata", "labels")},
+	"ownerReferences":   {func(o, old metav1.Object) { o.SetOwnerReferences(old.GetOwnerReferences()) }, fieldpath.MakePathOrDie("metadata", "ownerReferences")},
+	"deletionTimestamp": {func(o, old metav1.Object) { o.SetDeletionTimestamp(old.GetDeletionTimestamp()) }, fieldpath.MakePathOrDie("metadata", "deletionTimestamp")},
 }
 
 func (s statusStrategy) ValidateUpdate(ctx context.Context, obj, old runtime.Object) field.ErrorList {
@@ -156,9 +180,11 @@ func (s statusStrategy) ValidateUpdate(ctx context.Context, obj, old runtime.Obj
 }
 
 func (s statusStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {
-	return map[fieldpath.APIVersion]*fieldpath.Set{
-		fieldpath.APIVersion(s.k.gv.String()): fieldpath.NewSet(fieldpath.MakePathOrDie("spec"), fieldpath.MakePathOrDie("metadata")),
+	paths := []fieldpath.Path{fieldpath.MakePathOrDie("spec")}
+	for _, f := range s.k.statusKeepsMeta {
+		paths = append(paths, statusMetaFields[f].path)
 	}
+	return map[fieldpath.APIVersion]*fieldpath.Set{fieldpath.APIVersion(s.k.gv.String()): fieldpath.NewSet(paths...)}
 }
 
 func resetStatus(obj runtime.Object) {
