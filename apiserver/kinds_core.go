@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/kubernetes/pkg/apis/core"
 	configmapregistry "k8s.io/kubernetes/pkg/registry/core/configmap"
 	limitrangeregistry "k8s.io/kubernetes/pkg/registry/core/limitrange"
+	podtemplateregistry "k8s.io/kubernetes/pkg/registry/core/podtemplate"
 	secretregistry "k8s.io/kubernetes/pkg/registry/core/secret"
 )
 
@@ -85,6 +87,36 @@ var (
 		main:     secretregistry.Strategy,
 	}
 )
+
+// podTemplateStrategies are kube-apiserver's: a PodTemplate's template is validated as a pod's, and its
+// generation counts template changes.
+var podTemplateStrategies = &kubeStrategies{
+	internal: func() runtime.Object { return &core.PodTemplate{} },
+	main:     podtemplateregistry.Strategy,
+}
+
+// podTemplateColumns are kubectl's for PodTemplates.
+var podTemplateColumns = []column{
+	nameColumn,
+	{name: "Containers", typ: "string", value: func(o runtime.Object) interface{} {
+		var names []string
+		for _, c := range o.(*corev1.PodTemplate).Template.Spec.Containers {
+			names = append(names, c.Name)
+		}
+		return strings.Join(names, ",")
+	}},
+	{name: "Images", typ: "string", value: func(o runtime.Object) interface{} {
+		var images []string
+		for _, c := range o.(*corev1.PodTemplate).Template.Spec.Containers {
+			images = append(images, c.Image)
+		}
+		return strings.Join(images, ",")
+	}},
+	{name: "Pod Labels", typ: "string", value: func(o runtime.Object) interface{} {
+		return labels.FormatLabels(o.(*corev1.PodTemplate).Template.Labels)
+	}},
+	ageColumn,
+}
 
 // Services.
 
@@ -273,14 +305,20 @@ func labelsString(m map[string]string) string {
 
 // Events.
 
+// eventFields are kube-apiserver's: "source" is the source component, or the reporting controller of an
+// event written through events.k8s.io, which has no source.
 func eventFields(o runtime.Object) fields.Set {
 	e := o.(*corev1.Event)
+	source := e.Source.Component
+	if source == "" {
+		source = e.ReportingController
+	}
 	return fields.Set{
 		"involvedObject.kind": e.InvolvedObject.Kind, "involvedObject.namespace": e.InvolvedObject.Namespace,
 		"involvedObject.name": e.InvolvedObject.Name, "involvedObject.uid": string(e.InvolvedObject.UID),
 		"involvedObject.apiVersion": e.InvolvedObject.APIVersion, "involvedObject.resourceVersion": e.InvolvedObject.ResourceVersion,
 		"involvedObject.fieldPath": e.InvolvedObject.FieldPath, "reason": e.Reason, "reportingComponent": e.ReportingController,
-		"source": e.Source.Component, "type": e.Type,
+		"source": source, "type": e.Type,
 	}
 }
 

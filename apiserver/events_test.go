@@ -1,0 +1,43 @@
+package apiserver_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// TestEventSourceFieldSelector: core/v1's source= field selector matches an event's source component, and
+// the reporting controller of an event written through events.k8s.io/v1 (which has no source), as on
+// kube-apiserver.
+func TestEventSourceFieldSelector(t *testing.T) {
+	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	ctx := context.Background()
+	now := metav1.NewMicroTime(time.Now())
+	if _, err := client.EventsV1().Events("default").Create(ctx, &eventsv1.Event{
+		ObjectMeta: metav1.ObjectMeta{Name: "new-style"}, EventTime: now, ReportingController: "example.com/ctl",
+		ReportingInstance: "ctl-1", Action: "Test", Reason: "Testing", Type: corev1.EventTypeNormal,
+		Regarding: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "p"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.CoreV1().Events("default").Create(ctx, &corev1.Event{
+		ObjectMeta: metav1.ObjectMeta{Name: "old-style"}, Source: corev1.EventSource{Component: "kubelet"}, Reason: "Testing",
+		Type: corev1.EventTypeNormal, InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "p"},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for selector, want := range map[string]string{"source=example.com/ctl": "new-style", "source=kubelet": "old-style"} {
+		list, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: selector})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Items) != 1 || list.Items[0].Name != want {
+			t.Errorf("%s: %d events; want only %s", selector, len(list.Items), want)
+		}
+	}
+}
