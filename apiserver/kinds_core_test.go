@@ -10,6 +10,7 @@ import (
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 )
 
@@ -85,4 +86,40 @@ func TestConfigMapSecretPriorityClassRules(t *testing.T) {
 		}
 		return err
 	})
+}
+
+// TestPodTemplates: core/v1 PodTemplates are served as on kube-apiserver (the conformance suite's PodTemplate
+// lifecycle): create, patch, list by label, delete a collection, and a template that is not a valid pod's
+// refused with the field named.
+func TestPodTemplates(t *testing.T) {
+	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	ctx := context.Background()
+	templates := client.CoreV1().PodTemplates("default")
+	template := func(name, image string) *corev1.PodTemplate {
+		return &corev1.PodTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"set": "a"}},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: image}}}}}
+	}
+	for _, name := range []string{"one", "two", "three"} {
+		if _, err := templates.Create(ctx, template(name, "busybox"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := templates.Create(ctx, template("noimage", ""), metav1.CreateOptions{})
+	if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "template.spec.containers[0].image") {
+		t.Errorf("a template without an image: %v; want 422 naming template.spec.containers[0].image", err)
+	}
+	patched, err := templates.Patch(ctx, "one", types.MergePatchType, []byte(`{"metadata":{"labels":{"patched":"true"}}}`), metav1.PatchOptions{})
+	if err != nil || patched.Labels["patched"] != "true" {
+		t.Fatalf("patch: %v %v", patched, err)
+	}
+	if list, err := templates.List(ctx, metav1.ListOptions{LabelSelector: "patched=true"}); err != nil || len(list.Items) != 1 {
+		t.Fatalf("list by label: %v %v", list, err)
+	}
+	if err := templates.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "set=a"}); err != nil {
+		t.Fatal(err)
+	}
+	if list, err := templates.List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) != 0 {
+		t.Fatalf("after the collection's delete: %v %v", list, err)
+	}
 }

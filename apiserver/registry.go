@@ -104,6 +104,8 @@ var kinds = []*kind{
 	{gv: corev1.SchemeGroupVersion, resource: "secrets", singular: "secret", namespaced: true, newFunc: obj[corev1.Secret](), newListFunc: obj[corev1.SecretList](),
 		defaults: defaultSecret, kube: secretStrategies, fields: secretFields, fieldNames: []string{"type"},
 		columns: []column{nameColumn, {name: "Type", typ: "string", value: secretType}, {name: "Data", typ: "integer", value: secretData}, ageColumn}},
+	{gv: corev1.SchemeGroupVersion, resource: "podtemplates", singular: "podtemplate", namespaced: true, newFunc: obj[corev1.PodTemplate](), newListFunc: obj[corev1.PodTemplateList](),
+		kube: podTemplateStrategies, columns: podTemplateColumns},
 	{gv: corev1.SchemeGroupVersion, resource: "serviceaccounts", singular: "serviceaccount", namespaced: true, newFunc: obj[corev1.ServiceAccount](), newListFunc: obj[corev1.ServiceAccountList](),
 		shortNames: []string{"sa"}},
 	{gv: corev1.SchemeGroupVersion, resource: "events", singular: "event", namespaced: true, newFunc: obj[corev1.Event](), newListFunc: obj[corev1.EventList](),
