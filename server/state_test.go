@@ -11,6 +11,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
@@ -52,17 +53,33 @@ func TestRaftStateConverges(t *testing.T) {
 		return st, json.Unmarshal(body, &st)
 	}
 
-	// Writes through every server: the followers' are forwarded to the leader.
+	// Writes through every server: the followers' are forwarded to the leader. A write whose outcome is unknown
+	// (a leader change on a loaded machine, with the fast test timeouts) is retried as a client must: it may
+	// have committed, so a retried create may find the object and a retried delete may not.
+	write := func(what string, f func() error, done func(error) bool) {
+		t.Helper()
+		for attempt := 0; ; attempt++ {
+			err := f()
+			if err == nil || attempt > 0 && done(err) {
+				return
+			}
+			if attempt == 10 || !apierrors.IsTimeout(err) && !apierrors.IsServerTimeout(err) && !apierrors.IsTooManyRequests(err) {
+				t.Fatalf("%s: %v", what, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
 	for i := 0; i < 30; i++ {
 		p := peers[i%len(peers)]
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("state-%d", i)}, Data: map[string]string{"i": fmt.Sprint(i)}}
-		if _, err := p.Client.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{}); err != nil {
-			t.Fatalf("creating %s: %v", cm.Name, err)
-		}
+		write("creating "+cm.Name, func() error {
+			_, err := p.Client.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{})
+			return err
+		}, apierrors.IsAlreadyExists)
 		if i%3 == 0 {
-			if err := p.Client.CoreV1().ConfigMaps("default").Delete(ctx, cm.Name, metav1.DeleteOptions{}); err != nil {
-				t.Fatalf("deleting %s: %v", cm.Name, err)
-			}
+			write("deleting "+cm.Name, func() error {
+				return p.Client.CoreV1().ConfigMaps("default").Delete(ctx, cm.Name, metav1.DeleteOptions{})
+			}, apierrors.IsNotFound)
 		}
 	}
 
