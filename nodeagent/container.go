@@ -214,7 +214,7 @@ func (r *containerdRuntime) containerGone(ctx context.Context, id string) bool {
 // killed and deleted, and the create tried again.
 func (r *containerdRuntime) newTask(ctx context.Context, ctr containerd.Container, ioCreate cio.Creator) (containerd.Task, error) {
 	task, err := ctr.NewTask(ctx, ioCreate)
-	if !errdefs.IsAlreadyExists(err) {
+	if !taskLeftOver(err) {
 		return task, err
 	}
 	old, terr := ctr.Task(ctx, nil)
@@ -232,7 +232,7 @@ func (r *containerdRuntime) newTask(ctx context.Context, ctr containerd.Containe
 	}
 	// containerd cleans up after a shim that died on its own time: try again for a few seconds.
 	for range 20 {
-		if task, err = ctr.NewTask(ctx, ioCreate); !errdefs.IsAlreadyExists(err) {
+		if task, err = ctr.NewTask(ctx, ioCreate); !taskLeftOver(err) {
 			return task, err
 		}
 		select {
@@ -242,6 +242,13 @@ func (r *containerdRuntime) newTask(ctx context.Context, ctr containerd.Containe
 		}
 	}
 	return nil, err
+}
+
+// taskLeftOver reports a task create refused because a task of the same ID, or its bundle, is left over.
+// containerd 1.6 reports a bundle directory left by a create it did not finish as the shim's failed
+// "mkdir <bundle>: file exists", with no error code, not as AlreadyExists.
+func taskLeftOver(err error) bool {
+	return errdefs.IsAlreadyExists(err) || err != nil && strings.Contains(err.Error(), "file exists")
 }
 
 // removeOrphanTask clears what a task create cut short by containerd's own death leaves behind, which the
