@@ -3,9 +3,13 @@ package nodeagent
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/containerd/containerd/errdefs"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // TestTaskLeftOver: a task create is retried after clearing what a killed agent left, whether containerd says
@@ -24,5 +28,27 @@ func TestTaskLeftOver(t *testing.T) {
 		if got := taskLeftOver(tc.err); got != tc.want {
 			t.Errorf("taskLeftOver(%v) = %v, want %v", tc.err, got, tc.want)
 		}
+	}
+}
+
+// TestPodDNSFilesExist: a sandbox found running after an agent's restart gets its pod's DNS files written
+// again when any is missing (the agent was killed before writing them).
+func TestPodDNSFilesExist(t *testing.T) {
+	dir := t.TempDir()
+	if podDNSFilesExist(dir) {
+		t.Fatal("an empty pod dir has the DNS files")
+	}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"}}
+	if err := writePodDNSFiles(dir, pod, "10.42.0.5", "p", clusterDNS{}); err != nil {
+		t.Fatal(err)
+	}
+	if !podDNSFilesExist(dir) {
+		t.Fatal("the DNS files just written are missing")
+	}
+	if err := os.Remove(filepath.Join(dir, "etc-hosts")); err != nil {
+		t.Fatal(err)
+	}
+	if podDNSFilesExist(dir) {
+		t.Fatal("etc-hosts removed, yet all DNS files exist")
 	}
 }

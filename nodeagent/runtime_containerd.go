@@ -489,7 +489,16 @@ func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodS
 func (r *containerdRuntime) ensureSandbox(ctx context.Context, pod *corev1.Pod, recs *podRecords) (*sandbox, error) {
 	// A sandbox without a recorded IP was left half-made (by a failed CNI ADD, say): it is replaced.
 	if s := recs.sandbox; s != nil && s.running && s.labels[labelIP] != "" {
-		return &sandbox{id: s.id, pid: s.pid, ip: s.labels[labelIP], netns: s.labels[labelNetns]}, nil
+		sb := &sandbox{id: s.id, pid: s.pid, ip: s.labels[labelIP], netns: s.labels[labelNetns]}
+		// An agent killed between recording the sandbox's IP and writing the pod's /etc/hosts, /etc/hostname
+		// and /etc/resolv.conf (the last step of startSandbox) left a sandbox whose containers cannot mount
+		// them: write them now.
+		if !podDNSFilesExist(r.podDir(pod)) {
+			if err := writePodDNSFiles(r.podDir(pod), pod, sb.ip, podHostname(pod), r.clusterDNS()); err != nil {
+				return nil, err
+			}
+		}
+		return sb, nil
 	}
 	if recs.sandbox != nil {
 		if pod.Spec.RestartPolicy == corev1.RestartPolicyNever && len(recs.attempts) > 0 {

@@ -232,6 +232,16 @@ func writePodDNSFiles(dir string, pod *corev1.Pod, ip, hostname string, cluster 
 	return nil
 }
 
+// podDNSFilesExist tells whether writePodDNSFiles has written every file into dir.
+func podDNSFilesExist(dir string) bool {
+	for _, name := range []string{"etc-hosts", "etc-hostname", "etc-resolv.conf"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
 // podDNSMounts bind-mounts the files writePodDNSFiles wrote into a container.
 func podDNSMounts(dir string) []specs.Mount {
 	var mounts []specs.Mount
