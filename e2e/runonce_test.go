@@ -84,18 +84,37 @@ spec:
 			t.Fatalf("%d pods did not run exactly once:\n%s", len(bad), strings.Join(bad, "\n"))
 		}
 	}
-	dump := func(t *testing.T) {
-		if t.Failed() {
-			out, _ := k.run("get", "pods", "-o", "wide")
-			t.Logf("pods:\n%s", out)
-			out, _ = k.run("get", "events", "--field-selector", "type=Warning")
-			t.Logf("warnings:\n%s", out)
+	// dump shows first what explains a pod that did not succeed: its description and the agent's log lines
+	// about it (CI keeps only a part of a long output).
+	dump := func(t *testing.T, batch string) {
+		if !t.Failed() {
+			return
 		}
+		out, _ := k.run("get", "pods", "-l", "batch="+batch, "-o", "jsonpath={range .items[*]}{.metadata.name} {.metadata.uid} {.status.phase}{\"\\n\"}{end}")
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) != 3 || f[2] == "Succeeded" {
+				continue
+			}
+			desc, _ := k.run("describe", "pod", f[0])
+			var logged []string
+			for _, l := range strings.Split(agent.out.String(), "\n") {
+				if strings.Contains(l, f[0]) || strings.Contains(l, f[1]) {
+					logged = append(logged, l)
+				}
+			}
+			if len(logged) > 60 {
+				logged = append(logged[:30], logged[len(logged)-30:]...)
+			}
+			t.Logf("pod %s (%s) is %s:\n%s\nthe agent's log about it:\n%s", f[0], f[1], f[2], desc, strings.Join(logged, "\n"))
+		}
+		out, _ = k.run("get", "events", "--field-selector", "type=Warning")
+		t.Logf("warnings:\n%s", out)
 	}
 
 	t.Run("100 at once", func(t *testing.T) {
 		k := k.withT(t)
-		defer dump(t)
+		defer dump(t, "calm")
 		applyYAML(t, k, manifest("calm"))
 		proctest.WaitFor(t, "every pod Succeeded", 5*time.Minute, func() error {
 			if n := succeeded("calm"); n != pods {
@@ -108,7 +127,7 @@ spec:
 
 	t.Run("agent killed in the middle", func(t *testing.T) {
 		k := k.withT(t)
-		defer dump(t)
+		defer dump(t, "storm")
 		applyYAML(t, k, manifest("storm"))
 		proctest.WaitFor(t, "some pods Succeeded", 3*time.Minute, func() error {
 			if n := succeeded("storm"); n < 10 {

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/containerd/containerd/errdefs"
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -50,5 +51,41 @@ func TestPodDNSFilesExist(t *testing.T) {
 	}
 	if podDNSFilesExist(dir) {
 		t.Fatal("etc-hosts removed, yet all DNS files exist")
+	}
+}
+
+// TestNetnsPin: what a killed agent leaves of a network namespace pin (a plain file never mounted, a pin
+// mounted twice) is told apart from a pin and removed, so that the sandbox can be made again.
+func TestNetnsPin(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
+	}
+	path := filepath.Join(t.TempDir(), "netns")
+	if isNetnsPin(path) {
+		t.Fatal("nothing at the path, yet a pin")
+	}
+	if err := os.WriteFile(path, nil, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	if isNetnsPin(path) {
+		t.Fatal("a plain file is taken for a pin")
+	}
+	for range 2 { // the second pin replaces the first rather than stacking on it
+		if err := pinNetns("/proc/self/ns/net", path); err != nil {
+			t.Fatal(err)
+		}
+		if !isNetnsPin(path) {
+			t.Fatal("a pinned namespace is not a pin")
+		}
+	}
+	// Mounted twice by hand, as a pin cut short and retried by an older agent could be.
+	if err := unix.Mount("/proc/self/ns/net", path, "none", unix.MS_BIND, ""); err != nil {
+		t.Fatal(err)
+	}
+	if err := unpinNetns(path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the pin is still there after unpinning: %v", err)
 	}
 }

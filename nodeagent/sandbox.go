@@ -135,9 +135,16 @@ func (r *containerdRuntime) removeSandbox(ctx context.Context, pod *corev1.Pod, 
 		netns = netnsPath(string(pod.UID))
 	}
 	if netns != "" {
+		// An agent killed between creating the pin's file and mounting the namespace on it (or between
+		// unmounting and removing it) leaves a plain file, which CNI plugins refuse as a namespace: DEL then
+		// goes without one, which still releases the pod's IP, as the spec allows.
+		cniNetns := netns
+		if !isNetnsPin(netns) {
+			cniNetns = ""
+		}
 		network, err := r.podNetwork()
 		if err == nil {
-			err = network.del(ctx, rec.id, netns, pod)
+			err = network.del(ctx, rec.id, cniNetns, pod)
 		}
 		if err != nil {
 			// Keep the sandbox, and with it what DEL needs, so that the next try releases the IP.
@@ -150,9 +157,13 @@ func (r *containerdRuntime) removeSandbox(ctx context.Context, pod *corev1.Pod, 
 	return r.deleteContainer(ctx, rec)
 }
 
-// pinNetns bind-mounts a namespace file onto a new file at path.
+// pinNetns bind-mounts a namespace file onto a new file at path. A pin left there by a sandbox that is gone
+// is removed first rather than mounted over.
 func pinNetns(from, path string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	if err := unpinNetns(path); err != nil {
 		return err
 	}
 	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
@@ -168,10 +179,22 @@ func pinNetns(from, path string) error {
 	return nil
 }
 
-// unpinNetns unmounts and removes a pinned namespace; the namespace dies with its last user.
+// isNetnsPin tells whether path is a namespace mounted (pinned) there, not a plain file or nothing.
+func isNetnsPin(path string) bool {
+	var fs unix.Statfs_t
+	return unix.Statfs(path, &fs) == nil && fs.Type == unix.NSFS_MAGIC
+}
+
+// unpinNetns unmounts and removes a pinned namespace; the namespace dies with its last user. A pin mounted
+// twice (a pin retried after an agent was killed between mounting it and recording it) is unmounted twice.
 func unpinNetns(path string) error {
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmounting %s: %w", path, err)
+	for range 8 {
+		if !isNetnsPin(path) {
+			break
+		}
+		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("unmounting %s: %w", path, err)
+		}
 	}
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return err
