@@ -14,7 +14,12 @@ import (
 	kubestoragev1 "k8s.io/kubernetes/pkg/apis/storage/v1"
 	pvregistry "k8s.io/kubernetes/pkg/registry/core/persistentvolume"
 	pvcregistry "k8s.io/kubernetes/pkg/registry/core/persistentvolumeclaim"
+	csidriverregistry "k8s.io/kubernetes/pkg/registry/storage/csidriver"
+	csinoderegistry "k8s.io/kubernetes/pkg/registry/storage/csinode"
+	csistoragecapacityregistry "k8s.io/kubernetes/pkg/registry/storage/csistoragecapacity"
 	storageclassregistry "k8s.io/kubernetes/pkg/registry/storage/storageclass"
+	volumeattachmentregistry "k8s.io/kubernetes/pkg/registry/storage/volumeattachment"
+	volumeattributesclassregistry "k8s.io/kubernetes/pkg/registry/storage/volumeattributesclass"
 
 	skiffadmission "github.com/skiff-dev/skiff/apiserver/admission"
 )
@@ -49,6 +54,29 @@ var (
 	storageClassStrategies = &kubeStrategies{
 		internal: func() runtime.Object { return &storage.StorageClass{} },
 		main:     storageclassregistry.Strategy,
+	}
+	// The objects of CSI drivers: Skiff's agent mounts no CSI volumes, but drivers installed on the cluster
+	// and their tools read and write these as on any cluster.
+	csiDriverStrategies = &kubeStrategies{
+		internal: func() runtime.Object { return &storage.CSIDriver{} },
+		main:     csidriverregistry.Strategy,
+	}
+	csiNodeStrategies = &kubeStrategies{
+		internal: func() runtime.Object { return &storage.CSINode{} },
+		main:     csinoderegistry.Strategy,
+	}
+	csiStorageCapacityStrategies = &kubeStrategies{
+		internal: func() runtime.Object { return &storage.CSIStorageCapacity{} },
+		main:     csistoragecapacityregistry.Strategy,
+	}
+	volumeAttachmentStrategies = &kubeStrategies{
+		internal:     func() runtime.Object { return &storage.VolumeAttachment{} },
+		main:         volumeattachmentregistry.Strategy,
+		subresources: map[string]kubeStrategy{"status": volumeattachmentregistry.StatusStrategy},
+	}
+	volumeAttributesClassStrategies = &kubeStrategies{
+		internal: func() runtime.Object { return &storage.VolumeAttributesClass{} },
+		main:     volumeattributesclassregistry.Strategy,
 	}
 )
 

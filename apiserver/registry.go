@@ -61,8 +61,10 @@ type kind struct {
 	validateUpdate func(obj, old runtime.Object) field.ErrorList
 	fields         func(obj runtime.Object) fields.Set // field-selector attributes beyond metadata.name/namespace
 	fieldNames     []string                            // the names fields returns, for label conversion
-	columns        []column                            // table columns; NAME and AGE are added when nil
-	ttlSeconds     uint64                              // objects expire (events)
+	// columns are the table's columns. When nil, kube's printers make the table of a kind that runs kube's
+	// strategies (kubetables.go), and NAME and AGE that of any other.
+	columns    []column
+	ttlSeconds uint64 // objects expire (events)
 	// gracefulDelete decides the grace period of a delete (pods); nil deletes at once.
 	gracefulDelete func(obj runtime.Object, options *metav1.DeleteOptions) bool
 	subresources   []subresource // beyond status
@@ -153,9 +155,19 @@ var kinds = []*kind{
 		newFunc: obj[policyv1.PodDisruptionBudget](), newListFunc: obj[policyv1.PodDisruptionBudgetList](),
 		shortNames: []string{"pdb"}, hasStatus: true, kube: podDisruptionBudgetStrategies, columns: podDisruptionBudgetColumns},
 
-	// storage.k8s.io/v1: Kubernetes' own strategy and validation (kinds_storage.go).
+	// storage.k8s.io/v1: Kubernetes' own strategies and validation (kinds_storage.go).
 	{gv: storagev1.SchemeGroupVersion, resource: "storageclasses", singular: "storageclass", newFunc: obj[storagev1.StorageClass](), newListFunc: obj[storagev1.StorageClassList](),
 		shortNames: []string{"sc"}, kube: storageClassStrategies, columns: storageClassColumns},
+	{gv: storagev1.SchemeGroupVersion, resource: "csidrivers", singular: "csidriver", newFunc: obj[storagev1.CSIDriver](), newListFunc: obj[storagev1.CSIDriverList](),
+		kube: csiDriverStrategies},
+	{gv: storagev1.SchemeGroupVersion, resource: "csinodes", singular: "csinode", newFunc: obj[storagev1.CSINode](), newListFunc: obj[storagev1.CSINodeList](),
+		kube: csiNodeStrategies},
+	{gv: storagev1.SchemeGroupVersion, resource: "csistoragecapacities", singular: "csistoragecapacity", namespaced: true,
+		newFunc: obj[storagev1.CSIStorageCapacity](), newListFunc: obj[storagev1.CSIStorageCapacityList](), kube: csiStorageCapacityStrategies},
+	{gv: storagev1.SchemeGroupVersion, resource: "volumeattachments", singular: "volumeattachment", newFunc: obj[storagev1.VolumeAttachment](), newListFunc: obj[storagev1.VolumeAttachmentList](),
+		kube: volumeAttachmentStrategies},
+	{gv: storagev1.SchemeGroupVersion, resource: "volumeattributesclasses", singular: "volumeattributesclass", newFunc: obj[storagev1.VolumeAttributesClass](), newListFunc: obj[storagev1.VolumeAttributesClassList](),
+		shortNames: []string{"vac"}, kube: volumeAttributesClassStrategies},
 
 	// discovery.k8s.io/v1
 	{gv: discoveryv1.SchemeGroupVersion, resource: "endpointslices", singular: "endpointslice", namespaced: true, newFunc: obj[discoveryv1.EndpointSlice](), newListFunc: obj[discoveryv1.EndpointSliceList](), columns: endpointSliceColumns},
@@ -263,6 +275,9 @@ func (k *kind) restStorage(getter generic.RESTOptionsGetter) (map[string]rest.St
 		DeleteStrategy:            st,
 		ResetFieldsStrategy:       st,
 		TableConvertor:            tableConvertor{columns: columns},
+	}
+	if k.columns == nil && k.kube != nil {
+		store.TableConvertor = kubeTableConvertor{internal: k.kube.internal}
 	}
 	if k.ttlSeconds > 0 {
 		ttl := k.ttlSeconds

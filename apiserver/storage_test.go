@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -133,4 +135,101 @@ func TestPersistentVolumesAndClaims(t *testing.T) {
 	proctest.WaitFor(t, "node-1 deleting its own volume", 10*time.Second, func() error {
 		return node.CoreV1().PersistentVolumes().Delete(ctx, "mine", metav1.DeleteOptions{})
 	})
+}
+
+// TestCSIObjects: the storage.k8s.io/v1 objects of CSI drivers are served as on kube-apiserver (the
+// conformance suite's lifecycles of CSIDriver, CSINode, CSIStorageCapacity, VolumeAttachment and
+// VolumeAttributesClass): created, patched, listed as kubectl's tables with kube's own columns, refused with
+// a field path when invalid, a VolumeAttachment's status only through its subresource, and deleted.
+func TestCSIObjects(t *testing.T) {
+	c := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	ctx := context.Background()
+	storage := c.StorageV1()
+	attach := false
+	if _, err := storage.CSIDrivers().Create(ctx, &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: "csi.example.com"},
+		Spec: storagev1.CSIDriverSpec{AttachRequired: &attach}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := storage.CSIDrivers().Create(ctx, &storagev1.CSIDriver{ObjectMeta: metav1.ObjectMeta{Name: "bad"},
+		Spec: storagev1.CSIDriverSpec{VolumeLifecycleModes: []storagev1.VolumeLifecycleMode{"Sometimes"}}}, metav1.CreateOptions{}); !apierrors.IsInvalid(err) ||
+		!strings.Contains(err.Error(), "spec.volumeLifecycleModes") {
+		t.Errorf("a CSIDriver with an unknown lifecycle mode: %v; want 422 naming spec.volumeLifecycleModes", err)
+	}
+	if _, err := storage.CSINodes().Create(ctx, &storagev1.CSINode{ObjectMeta: metav1.ObjectMeta{Name: "node-a"},
+		Spec: storagev1.CSINodeSpec{Drivers: []storagev1.CSINodeDriver{{Name: "csi.example.com", NodeID: "a"}}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	capacity := resource.MustParse("10Gi")
+	if _, err := storage.CSIStorageCapacities("default").Create(ctx, &storagev1.CSIStorageCapacity{ObjectMeta: metav1.ObjectMeta{Name: "cap", Labels: map[string]string{"set": "a"}},
+		StorageClassName: "fast", Capacity: &capacity}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := storage.VolumeAttributesClasses().Create(ctx, &storagev1.VolumeAttributesClass{ObjectMeta: metav1.ObjectMeta{Name: "gold"},
+		DriverName: "csi.example.com", Parameters: map[string]string{"iops": "1000"}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A class's parameters are immutable, as in kube.
+	if _, err := storage.VolumeAttributesClasses().Patch(ctx, "gold", types.MergePatchType, []byte(`{"parameters":{"iops":"2000"}}`), metav1.PatchOptions{}); !apierrors.IsInvalid(err) {
+		t.Errorf("changing a VolumeAttributesClass's parameters: %v; want 422", err)
+	}
+	pv := "pv-1"
+	va, err := storage.VolumeAttachments().Create(ctx, &storagev1.VolumeAttachment{ObjectMeta: metav1.ObjectMeta{Name: "va"},
+		Spec:   storagev1.VolumeAttachmentSpec{Attacher: "csi.example.com", NodeName: "node-a", Source: storagev1.VolumeAttachmentSource{PersistentVolumeName: &pv}},
+		Status: storagev1.VolumeAttachmentStatus{Attached: true}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if va.Status.Attached {
+		t.Error("a VolumeAttachment's create set its status")
+	}
+	va.Status.Attached = true
+	if va, err = storage.VolumeAttachments().UpdateStatus(ctx, va, metav1.UpdateOptions{}); err != nil || !va.Status.Attached {
+		t.Fatalf("the status subresource: %v %v", va, err)
+	}
+
+	table := func(resource, namespace string) *metav1.Table {
+		t.Helper()
+		table := &metav1.Table{}
+		if err := storage.RESTClient().Get().Namespace(namespace).Resource(resource).
+			SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").Do(ctx).Into(table); err != nil {
+			t.Fatal(err)
+		}
+		return table
+	}
+	for _, tc := range []struct {
+		resource, namespace, columns, row string
+	}{
+		{"csidrivers", "", "Name,AttachRequired,PodInfoOnMount,StorageCapacity,TokenRequests,RequiresRepublish,Modes,Age", "csi.example.com false false false <unset> false Persistent"},
+		{"csinodes", "", "Name,Drivers,Age", "node-a 1"},
+		{"csistoragecapacities", "default", "Name,StorageClassName,Capacity", "cap fast 10Gi"},
+		{"volumeattachments", "", "Name,Attacher,PV,Node,Attached,Age", "va csi.example.com pv-1 node-a true"},
+		{"volumeattributesclasses", "", "Name,DriverName,Age", "gold csi.example.com"},
+	} {
+		tab := table(tc.resource, tc.namespace)
+		var names []string
+		for _, col := range tab.ColumnDefinitions {
+			names = append(names, col.Name)
+		}
+		if got := strings.Join(names, ","); got != tc.columns || len(tab.Rows) != 1 {
+			t.Errorf("%s: columns %s and %d rows; want %s and 1", tc.resource, got, len(tab.Rows), tc.columns)
+			continue
+		}
+		if got := fmt.Sprintln(tab.Rows[0].Cells...); !strings.HasPrefix(got, tc.row) {
+			t.Errorf("%s: row %q; want it to start %q", tc.resource, got, tc.row)
+		}
+	}
+
+	if err := storage.CSIStorageCapacities("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "set=a"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, del := range []func() error{
+		func() error { return storage.CSIDrivers().Delete(ctx, "csi.example.com", metav1.DeleteOptions{}) },
+		func() error { return storage.CSINodes().Delete(ctx, "node-a", metav1.DeleteOptions{}) },
+		func() error { return storage.VolumeAttachments().Delete(ctx, "va", metav1.DeleteOptions{}) },
+		func() error { return storage.VolumeAttributesClasses().Delete(ctx, "gold", metav1.DeleteOptions{}) },
+	} {
+		if err := del(); err != nil {
+			t.Error(err)
+		}
+	}
 }
