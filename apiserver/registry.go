@@ -14,6 +14,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -215,9 +216,19 @@ var kinds = []*kind{
 		newFunc: obj[admissionregistrationv1.ValidatingAdmissionPolicyBinding](), newListFunc: obj[admissionregistrationv1.ValidatingAdmissionPolicyBindingList](),
 		kubeFor: admissionPolicyBindingStrategies, columns: admissionPolicyBindingColumns},
 
-	// networking.k8s.io/v1
+	// networking.k8s.io/v1; Ingresses, IngressClasses and NetworkPolicies with kube's strategies (kinds_networking.go)
 	{gv: networkingv1.SchemeGroupVersion, resource: "ipaddresses", singular: "ipaddress", newFunc: obj[networkingv1.IPAddress](), newListFunc: obj[networkingv1.IPAddressList](),
 		shortNames: []string{"ip"}},
+	{gv: networkingv1.SchemeGroupVersion, resource: "ingresses", singular: "ingress", namespaced: true, newFunc: obj[networkingv1.Ingress](), newListFunc: obj[networkingv1.IngressList](),
+		shortNames: []string{"ing"}, kube: ingressStrategies},
+	{gv: networkingv1.SchemeGroupVersion, resource: "ingressclasses", singular: "ingressclass", newFunc: obj[networkingv1.IngressClass](), newListFunc: obj[networkingv1.IngressClassList](),
+		kube: ingressClassStrategies},
+	{gv: networkingv1.SchemeGroupVersion, resource: "networkpolicies", singular: "networkpolicy", namespaced: true, newFunc: obj[networkingv1.NetworkPolicy](), newListFunc: obj[networkingv1.NetworkPolicyList](),
+		shortNames: []string{"netpol"}, kube: networkPolicyStrategies},
+
+	// node.k8s.io/v1 (kinds_networking.go)
+	{gv: nodev1.SchemeGroupVersion, resource: "runtimeclasses", singular: "runtimeclass", newFunc: obj[nodev1.RuntimeClass](), newListFunc: obj[nodev1.RuntimeClassList](),
+		kube: runtimeClassStrategies},
 }
 
 // registerFieldLabels tells the scheme which field selectors each kind accepts; any other is refused with 400.

@@ -15,6 +15,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
@@ -47,6 +48,7 @@ var servedGroups = []struct {
 	{rbacv1.SchemeGroupVersion, rbacv1.AddToScheme},
 	{schedulingv1.SchemeGroupVersion, schedulingv1.AddToScheme},
 	{networkingv1.SchemeGroupVersion, networkingv1.AddToScheme},
+	{nodev1.SchemeGroupVersion, nodev1.AddToScheme},
 	{policyv1.SchemeGroupVersion, policyv1.AddToScheme},
 	{autoscalingv1.SchemeGroupVersion, autoscalingv1.AddToScheme},
 	{authenticationv1.SchemeGroupVersion, authenticationv1.AddToScheme},

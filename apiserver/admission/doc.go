@@ -1,6 +1,6 @@
 // Package admission owns Skiff's admission plugins and the chain that orders them (NewChain): Kubernetes'
 // LimitRanger, ServiceAccount, NodeRestriction, PodSecurity, Priority, DefaultTolerationSeconds,
-// DefaultStorageClass, StorageObjectInUseProtection and ResourceQuota, written again on v1 objects or
+// DefaultStorageClass, StorageObjectInUseProtection, RuntimeClass and ResourceQuota, written again on v1 objects or
 // adapted from the Kubernetes libraries, and the wiring of the library's webhook and ValidatingAdmissionPolicy
 // plugins. The plugins see the API only as an admission.Attributes and through the server's loopback client
 // and informers.
