@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -129,7 +130,26 @@ func (a *realAgent) start() {
 	}
 }
 
-// kill is kill -9: the agent's private containerd dies with it, but the containers' shims live on.
+// goroutines stops the agent with SIGQUIT and returns the stacks of its goroutines in the containerd
+// runtime's code (what a stuck sync waits on), for a failed test's report.
+func (a *realAgent) goroutines() string {
+	if a.cmd == nil || a.cmd.ProcessState != nil {
+		return ""
+	}
+	before := len(a.out.String())
+	_ = a.cmd.Process.Signal(syscall.SIGQUIT)
+	_ = a.cmd.Wait()
+	var stacks []string
+	for _, g := range strings.Split(a.out.String()[before:], "\n\n") {
+		if strings.Contains(g, "nodeagent.(*containerdRuntime)") {
+			stacks = append(stacks, g)
+		}
+	}
+	return strings.Join(stacks, "\n\n")
+}
+
+// kill is kill -9: the agent's private containerd and the containers' shims live on, as a node's
+// containerd outlives its kubelet.
 func (a *realAgent) kill() {
 	if a.cmd != nil && a.cmd.ProcessState == nil {
 		a.cmd.Process.Kill()

@@ -106,10 +106,21 @@ spec:
 			if len(logged) > 60 {
 				logged = append(logged[:30], logged[len(logged)-30:]...)
 			}
-			t.Logf("pod %s (%s) is %s:\n%s\nthe agent's log about it:\n%s", f[0], f[1], f[2], desc, strings.Join(logged, "\n"))
+			// The container's logs and its stdio process's own log.
+			var files []string
+			_ = filepath.WalkDir(filepath.Join(agent.dataDir, "pods", f[1]), func(path string, d os.DirEntry, err error) error {
+				if err == nil && !d.IsDir() && (strings.HasSuffix(path, ".log") || strings.HasSuffix(path, ".json")) {
+					data, _ := os.ReadFile(path)
+					files = append(files, fmt.Sprintf("%s: %q", path, data))
+				}
+				return nil
+			})
+			t.Logf("pod %s (%s) is %s:\n%s\nthe agent's log about it:\n%s\nits files:\n%s", f[0], f[1], f[2], desc,
+				strings.Join(logged, "\n"), strings.Join(files, "\n"))
 		}
 		out, _ = k.run("get", "events", "--field-selector", "type=Warning")
 		t.Logf("warnings:\n%s", out)
+		t.Logf("the agent's busy goroutines:\n%s", agent.goroutines())
 	}
 
 	t.Run("100 at once", func(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -558,7 +559,7 @@ func (a *Agent) setFinished(key string, pod *corev1.Pod) {
 	a.finished[key] = pod
 }
 
-// apiObjects reads the ConfigMaps and Secrets that pods refer to from the API.
+// apiObjects reads the ConfigMaps, Secrets and RuntimeClasses that pods refer to from the API.
 type apiObjects struct{ client kubernetes.Interface }
 
 func (o apiObjects) ConfigMap(ctx context.Context, namespace, name string) (*corev1.ConfigMap, error) {
@@ -567,6 +568,10 @@ func (o apiObjects) ConfigMap(ctx context.Context, namespace, name string) (*cor
 
 func (o apiObjects) Secret(ctx context.Context, namespace, name string) (*corev1.Secret, error) {
 	return o.client.CoreV1().Secrets(namespace).Get(ctx, name, metav1.GetOptions{})
+}
+
+func (o apiObjects) RuntimeClass(ctx context.Context, name string) (*nodev1.RuntimeClass, error) {
+	return o.client.NodeV1().RuntimeClasses().Get(ctx, name, metav1.GetOptions{})
 }
 
 // registered hands a registered Node's pod CIDR and allocatable to the runtime.

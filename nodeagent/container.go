@@ -97,6 +97,9 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 			if oldLabels, lerr := old.Labels(ctx); lerr == nil && oldLabels[labelStarted] == "" &&
 				oldLabels[labelName] == c.Name && oldLabels[labelKind] == kind {
 				_ = containerio.Stop(r.containerIODir(pod, id))
+				// The killed agent's task create may still be in its shim (the daemon outlives agents), waiting
+				// for the stdio just stopped; a new create would queue behind it in that same shim for good.
+				r.clearLeftoverTask(id)
 				if derr := r.deleteContainer(ctx, &ctrRecord{ctr: old, id: id}); derr == nil {
 					ctr, err = r.newContainer(ctx, id, create)
 				}
@@ -213,7 +216,7 @@ func (r *containerdRuntime) containerGone(ctx context.Context, id string) bool {
 // between a task's create and its start (the shim outlives containerd's restart): it never ran, so it is
 // killed and deleted, and the create tried again.
 func (r *containerdRuntime) newTask(ctx context.Context, ctr containerd.Container, ioCreate cio.Creator) (containerd.Task, error) {
-	task, err := ctr.NewTask(ctx, ioCreate)
+	task, err := r.createTask(ctx, ctr, ioCreate)
 	if !taskLeftOver(err) {
 		return task, err
 	}
@@ -232,7 +235,7 @@ func (r *containerdRuntime) newTask(ctx context.Context, ctr containerd.Containe
 	}
 	// containerd cleans up after a shim that died on its own time: try again for a few seconds.
 	for range 20 {
-		if task, err = ctr.NewTask(ctx, ioCreate); !taskLeftOver(err) {
+		if task, err = r.createTask(ctx, ctr, ioCreate); !taskLeftOver(err) {
 			return task, err
 		}
 		select {
@@ -242,6 +245,36 @@ func (r *containerdRuntime) newTask(ctx context.Context, ctr containerd.Containe
 		}
 	}
 	return nil, err
+}
+
+// taskCreateTimeout bounds a task's create, as the kubelet's runtime request timeout bounds its calls to
+// the runtime: a create stuck in a shim is given up, and the next sync tries again.
+const taskCreateTimeout = 2 * time.Minute
+
+// createTask creates a container's task within taskCreateTimeout; one that times out has its shim killed,
+// so that the next create does not queue behind it.
+func (r *containerdRuntime) createTask(ctx context.Context, ctr containerd.Container, ioCreate cio.Creator) (containerd.Task, error) {
+	tctx, cancel := context.WithTimeout(ctx, taskCreateTimeout)
+	defer cancel()
+	task, err := ctr.NewTask(tctx, ioCreate)
+	if err != nil && tctx.Err() != nil && ctx.Err() == nil {
+		r.logger.Warn("a task create timed out; killing its shim", "id", ctr.ID(), "after", taskCreateTimeout)
+		r.clearLeftoverTask(ctr.ID())
+		return nil, fmt.Errorf("creating the task of %s: timed out after %s", ctr.ID(), taskCreateTimeout)
+	}
+	return task, err
+}
+
+// clearLeftoverTask kills the shim serving a task that containerd does not know (a create a killed agent
+// left in flight) and removes the task's runc state and bundle, when the agent runs its own containerd.
+func (r *containerdRuntime) clearLeftoverTask(id string) {
+	if r.daemon == nil {
+		return
+	}
+	killShims(r.daemon.socket(), id)
+	if err := r.removeOrphanTask(id); err != nil && !errors.Is(err, os.ErrNotExist) {
+		r.logger.Warn("removing a leftover task", "id", id, "error", err)
+	}
 }
 
 // taskLeftOver reports a task create refused because a task of the same ID, or its bundle, is left over.

@@ -1,15 +1,21 @@
 package nodeagent
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/containerd/containerd/errdefs"
+	"github.com/hashicorp/go-hclog"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -87,5 +93,85 @@ func TestNetnsPin(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the pin is still there after unpinning: %v", err)
+	}
+}
+
+// TestPrivateContainerdAdopted: a private containerd left running by an agent killed outright is adopted by
+// the next agent on the data dir (not stopped and replaced, which would cut short what it was doing), and
+// stopped when that agent stops.
+func TestPrivateContainerdAdopted(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("containerd needs root")
+	}
+	if _, err := exec.LookPath("containerd"); err != nil {
+		t.Skip("containerd is not installed")
+	}
+	dir, err := os.MkdirTemp("", "skiff-ctrd-") // short: the socket path must fit in 107 bytes
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	// The killed agent's daemon: launched, with no supervisor left to stop it.
+	killed := &privateContainerd{dir: dir, logger: hclog.NewNullLogger()}
+	if err := killed.writeConfig(); err != nil {
+		t.Fatal(err)
+	}
+	if err := killed.launch(); err != nil {
+		t.Fatal(err)
+	}
+	defer killed.stop()
+	if err := waitForContainerd(context.Background(), killed.socket(), 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	ctx, stopAgent := context.WithCancel(context.Background())
+	next := &privateContainerd{dir: dir, logger: hclog.NewNullLogger()}
+	if err := next.start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if next.pid != killed.pid {
+		t.Fatalf("the next agent runs containerd %d; want the running %d adopted", next.pid, killed.pid)
+	}
+	stopAgent()
+	select {
+	case <-killed.done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the adopted containerd still runs after its agent stopped")
+	}
+}
+
+// runtimeClasses is an objectGetter with RuntimeClasses only.
+type runtimeClasses struct {
+	noObjects
+	classes map[string]string // name → handler
+}
+
+func (o runtimeClasses) RuntimeClass(ctx context.Context, name string) (*nodev1.RuntimeClass, error) {
+	if handler, ok := o.classes[name]; ok {
+		return &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Handler: handler}, nil
+	}
+	return o.noObjects.RuntimeClass(ctx, name)
+}
+
+// TestCheckRuntimeHandler: a pod's sandbox is made only for a RuntimeClass whose handler the agent runs
+// (runc); a class that is gone or names another handler fails the sync, with the reason, to be retried.
+func TestCheckRuntimeHandler(t *testing.T) {
+	r := &containerdRuntime{objects: runtimeClasses{classes: map[string]string{"default": "runc", "kata": "kata-qemu"}}}
+	for _, tc := range []struct {
+		class string // "" for none
+		want  string // "" for no error
+	}{
+		{"", ""},
+		{"default", ""},
+		{"kata", `no runtime for "kata-qemu" is configured`},
+		{"gone", `RuntimeClass "gone": runtimeclasses.node.k8s.io "gone" not found`},
+	} {
+		pod := &corev1.Pod{}
+		if tc.class != "" {
+			pod.Spec.RuntimeClassName = &tc.class
+		}
+		err := r.checkRuntimeHandler(context.Background(), pod)
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("class %q: %v; want %q", tc.class, err, tc.want)
+		}
 	}
 }

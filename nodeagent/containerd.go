@@ -21,16 +21,19 @@ import (
 // touches other users' containers on a shared containerd.
 const containerdNamespace = "skiff"
 
-// privateContainerd is a containerd daemon the agent runs as its child, with its root, state and socket under
-// the agent's data dir. It is restarted when it dies. Its containers' shims outlive it (and the agent), so an
-// agent restart finds its pods still running.
+// privateContainerd is a containerd daemon the agent runs, with its root, state and socket under the agent's
+// data dir. It is restarted when it dies, and stopped when the agent stops. An agent killed outright leaves
+// it running, as a kubelet's death leaves a node's containerd (and k3s's its own): what containerd was doing
+// for the agent completes (a task's start cut short would fail the container, and a restartPolicy Never pod
+// with it), and the next agent on this data dir adopts it. Its containers' shims outlive it too, so an agent
+// restart finds its pods still running.
 type privateContainerd struct {
 	dir    string
 	logger hclog.Logger
 
 	mu   sync.Mutex
-	cmd  *exec.Cmd
-	done chan struct{}
+	pid  int
+	done chan struct{} // closed when the daemon exits
 }
 
 // containerdConfig is the daemon's configuration: only the plugins the agent uses (no CRI), everything under
@@ -60,6 +63,26 @@ func (p *privateContainerd) socket() string { return filepath.Join(p.dir, "conta
 // start launches the daemon and waits until it answers; the daemon is supervised until ctx ends, when it is
 // stopped with SIGTERM (its shims, and so the pods, keep running).
 func (p *privateContainerd) start(ctx context.Context) error {
+	if err := p.writeConfig(); err != nil {
+		return err
+	}
+	if p.adoptPrevious(ctx) {
+		go p.supervise(ctx)
+		return nil
+	}
+	if err := p.launch(); err != nil {
+		return err
+	}
+	if err := waitForContainerd(ctx, p.socket(), 30*time.Second); err != nil {
+		p.stop()
+		return fmt.Errorf("private containerd did not start (log: %s): %w", filepath.Join(p.dir, "containerd.log"), err)
+	}
+	go p.supervise(ctx)
+	return nil
+}
+
+// writeConfig makes the daemon's directory and configuration.
+func (p *privateContainerd) writeConfig() error {
 	if len(p.socket()) > maxSocketPath {
 		return fmt.Errorf("containerd socket path %s is longer than %d bytes; use a shorter data_dir", p.socket(), maxSocketPath)
 	}
@@ -70,19 +93,7 @@ func (p *privateContainerd) start(ctx context.Context) error {
 		return err
 	}
 	conf := fmt.Sprintf(containerdConfig, filepath.Join(p.dir, "root"), filepath.Join(p.dir, "state"), p.socket(), filepath.Join(p.dir, "opt"))
-	if err := os.WriteFile(filepath.Join(p.dir, "config.toml"), []byte(conf), 0o600); err != nil {
-		return err
-	}
-	p.stopPrevious()
-	if err := p.launch(); err != nil {
-		return err
-	}
-	if err := waitForContainerd(ctx, p.socket(), 30*time.Second); err != nil {
-		p.stop()
-		return fmt.Errorf("private containerd did not start (log: %s): %w", filepath.Join(p.dir, "containerd.log"), err)
-	}
-	go p.supervise(ctx)
-	return nil
+	return os.WriteFile(filepath.Join(p.dir, "config.toml"), []byte(conf), 0o600)
 }
 
 func (p *privateContainerd) launch() error {
@@ -95,16 +106,16 @@ func (p *privateContainerd) launch() error {
 	_ = os.Remove(p.socket())
 	cmd := exec.Command("containerd", "--config", filepath.Join(p.dir, "config.toml"))
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// Its own process group keeps a terminal's Ctrl-C for the agent, which then stops the daemon itself.
-	// Pdeathsig stops it when the agent is killed outright.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	// A session of its own keeps a terminal's Ctrl-C and the agent's process group signals for the agent,
+	// which stops the daemon itself; and nothing ties the daemon's life to the agent's (see privateContainerd).
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("starting containerd: %w", err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
 	p.mu.Lock()
-	p.cmd, p.done = cmd, done
+	p.pid, p.done = cmd.Process.Pid, done
 	p.mu.Unlock()
 	return os.WriteFile(p.pidFile(), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
 }
@@ -116,35 +127,59 @@ func (p *privateContainerd) bundlesDir() string {
 	return filepath.Join(p.dir, "state", "io.containerd.runtime.v2.task", containerdNamespace)
 }
 
-// stopPrevious waits for the daemon of an earlier agent on this data dir to exit: when that agent was
-// killed, its daemon got SIGTERM and may still be shutting down. Two daemons on one root would fight over it.
-func (p *privateContainerd) stopPrevious() {
+// previousPid is the daemon that an earlier agent on this data dir started, if it still runs.
+func (p *privateContainerd) previousPid() int {
 	data, err := os.ReadFile(p.pidFile())
 	if err != nil {
-		return
+		return 0
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
-	if err != nil || pid <= 0 {
-		return
+	if err != nil || pid <= 0 || !p.isOurs(pid) {
+		return 0
 	}
-	ours := func() bool {
-		cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-		return err == nil && strings.Contains(string(cmdline), filepath.Join(p.dir, "config.toml"))
+	return pid
+}
+
+// isOurs tells whether pid is a live containerd with this data dir's configuration (a pid may be reused).
+func (p *privateContainerd) isOurs(pid int) bool {
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return err == nil && strings.Contains(string(cmdline), filepath.Join(p.dir, "config.toml"))
+}
+
+// adoptPrevious takes over the daemon an earlier agent on this data dir left running (it was killed), when
+// that daemon answers; one that does not is stopped, as two daemons on one root would fight over it.
+func (p *privateContainerd) adoptPrevious(ctx context.Context) bool {
+	pid := p.previousPid()
+	if pid == 0 {
+		return false
 	}
-	if !ours() {
-		return
+	if err := waitForContainerd(ctx, p.socket(), 10*time.Second); err == nil {
+		p.logger.Info("adopting the private containerd an earlier agent left running", "pid", pid)
+		done := make(chan struct{})
+		go func() {
+			// Not this process's child: watch for its exit.
+			for p.isOurs(pid) {
+				time.Sleep(250 * time.Millisecond)
+			}
+			close(done)
+		}()
+		p.mu.Lock()
+		p.pid, p.done = pid, done
+		p.mu.Unlock()
+		return true
 	}
-	p.logger.Info("waiting for the previous private containerd to exit", "pid", pid)
+	p.logger.Warn("stopping the private containerd an earlier agent left, which does not answer", "pid", pid)
 	_ = syscall.Kill(pid, syscall.SIGTERM)
-	for deadline := time.Now().Add(10 * time.Second); ours() && time.Now().Before(deadline); {
+	for deadline := time.Now().Add(10 * time.Second); p.isOurs(pid) && time.Now().Before(deadline); {
 		time.Sleep(100 * time.Millisecond)
 	}
-	if ours() {
+	if p.isOurs(pid) {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
-		for ours() {
+		for p.isOurs(pid) {
 			time.Sleep(50 * time.Millisecond)
 		}
 	}
+	return false
 }
 
 // supervise restarts the daemon when it exits, and stops it when ctx ends.
@@ -176,16 +211,16 @@ func (p *privateContainerd) supervise(ctx context.Context) {
 
 func (p *privateContainerd) stop() {
 	p.mu.Lock()
-	cmd, done := p.cmd, p.done
+	pid, done := p.pid, p.done
 	p.mu.Unlock()
-	if cmd == nil {
+	if pid == 0 {
 		return
 	}
-	_ = cmd.Process.Signal(syscall.SIGTERM)
+	_ = syscall.Kill(pid, syscall.SIGTERM)
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
+		_ = syscall.Kill(pid, syscall.SIGKILL)
 		<-done
 	}
 }

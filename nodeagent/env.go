@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/api/validate/content"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -295,6 +296,11 @@ func (c *cachingGetter) ConfigMap(ctx context.Context, namespace, name string) (
 	obj, err := c.get.ConfigMap(ctx, namespace, name)
 	c.configMaps[key] = cachedObject[*corev1.ConfigMap]{obj, err}
 	return obj, err
+}
+
+// RuntimeClass is not cached: a pod reads its class once, when its sandbox is made.
+func (c *cachingGetter) RuntimeClass(ctx context.Context, name string) (*nodev1.RuntimeClass, error) {
+	return c.get.RuntimeClass(ctx, name)
 }
 
 func (c *cachingGetter) Secret(ctx context.Context, namespace, name string) (*corev1.Secret, error) {

@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/containerd/errdefs"
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -409,6 +410,10 @@ type noObjects struct{}
 
 func (noObjects) ConfigMap(_ context.Context, _, name string) (*corev1.ConfigMap, error) {
 	return nil, apierrors.NewNotFound(schema.GroupResource{Resource: "configmaps"}, name)
+}
+
+func (noObjects) RuntimeClass(_ context.Context, name string) (*nodev1.RuntimeClass, error) {
+	return nil, apierrors.NewNotFound(nodev1.Resource("runtimeclasses"), name)
 }
 
 func (noObjects) Secret(_ context.Context, _, name string) (*corev1.Secret, error) {

@@ -351,7 +351,12 @@ func (r *containerdRuntime) record(ctx context.Context, ctr containerd.Container
 		return nil, false, err
 	}
 	status, err := task.Status(ctx)
-	if err != nil {
+	if errdefs.IsNotFound(err) {
+		// The shim no longer has the container ("container not created"): a delete that an agent killed
+		// outright left half done in the daemon, which outlives it. Nothing runs; the task goes with the
+		// container.
+		return rec, false, nil
+	} else if err != nil {
 		return nil, false, err
 	}
 	if status.Status == containerd.Created && rec.kind != kindSandbox && startCreated {
@@ -512,7 +517,31 @@ func (r *containerdRuntime) ensureSandbox(ctx context.Context, pod *corev1.Pod, 
 		}
 		recs.sandbox = nil
 	}
+	if err := r.checkRuntimeHandler(ctx, pod); err != nil {
+		return nil, err
+	}
 	return r.createSandbox(ctx, pod)
+}
+
+// runtimeHandlers are the RuntimeClass handlers the agent runs: containerd's runc, as containerd's CRI
+// plugin names it by default.
+var runtimeHandlers = []string{"runc"}
+
+// checkRuntimeHandler refuses a pod whose RuntimeClass is gone or has a handler the agent does not run, as
+// containerd's CRI plugin refuses the kubelet's sandbox ("no runtime for ... is configured"); the sync is
+// retried, so the pod starts once the class is fixed.
+func (r *containerdRuntime) checkRuntimeHandler(ctx context.Context, pod *corev1.Pod) error {
+	if pod.Spec.RuntimeClassName == nil || *pod.Spec.RuntimeClassName == "" {
+		return nil
+	}
+	class, err := r.objects.RuntimeClass(ctx, *pod.Spec.RuntimeClassName)
+	if err != nil {
+		return fmt.Errorf("RuntimeClass %q: %w", *pod.Spec.RuntimeClassName, err)
+	}
+	if !slices.Contains(runtimeHandlers, class.Handler) {
+		return fmt.Errorf("no runtime for %q is configured (this node runs %s)", class.Handler, strings.Join(runtimeHandlers, ", "))
+	}
+	return nil
 }
 
 // syncInitContainers starts or waits for the next init container; done is true once all have succeeded.
@@ -997,6 +1026,9 @@ func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error
 				errs = append(errs, r.removeOrphanTask(b.Name()))
 			}
 		}
+		// A shim whose bundle is gone (a delete left half done by an agent killed outright) would outlive
+		// the node: every shim of this daemon goes.
+		killShims(r.daemon.socket())
 	}
 	bridge := bridgeName(cfg.Name, cfg.DataDir)
 	if out, err := exec.CommandContext(ctx, "ip", "link", "del", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {

@@ -17,6 +17,7 @@ import (
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -54,6 +55,10 @@ func (f *fakeObjects) ConfigMap(_ context.Context, ns, name string) (*corev1.Con
 		return cm.DeepCopy(), nil
 	}
 	return nil, apierrors.NewNotFound(corev1.Resource("configmaps"), name)
+}
+
+func (f *fakeObjects) RuntimeClass(_ context.Context, name string) (*nodev1.RuntimeClass, error) {
+	return nil, apierrors.NewNotFound(nodev1.Resource("runtimeclasses"), name)
 }
 
 func (f *fakeObjects) Secret(_ context.Context, ns, name string) (*corev1.Secret, error) {
