@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,6 +21,7 @@ import (
 	configmapregistry "k8s.io/kubernetes/pkg/registry/core/configmap"
 	limitrangeregistry "k8s.io/kubernetes/pkg/registry/core/limitrange"
 	podtemplateregistry "k8s.io/kubernetes/pkg/registry/core/podtemplate"
+	rcregistry "k8s.io/kubernetes/pkg/registry/core/replicationcontroller"
 	secretregistry "k8s.io/kubernetes/pkg/registry/core/secret"
 )
 
@@ -93,6 +95,25 @@ var (
 var podTemplateStrategies = &kubeStrategies{
 	internal: func() runtime.Object { return &core.PodTemplate{} },
 	main:     podtemplateregistry.Strategy,
+}
+
+// replicationControllerStrategies are kube-apiserver's for core/v1 ReplicationControllers, the kind
+// ReplicaSets replaced and kubectl and the conformance suite still use: kube's v1 defaults (the selector
+// and labels taken from the template's labels, one replica), validation with field paths, generation
+// counting spec changes, status only through /status, and v1 deletes orphaning the pods unless asked
+// otherwise. Its pod template (optional in the API) must also pass Skiff's pod rules. Kubernetes' own
+// replication manager runs them (controller/replication.go).
+var replicationControllerStrategies = &kubeStrategies{
+	internal: func() runtime.Object { return &core.ReplicationController{} },
+	main: templateLimited{rcregistry.Strategy, func(obj runtime.Object) (*core.PodTemplateSpec, string) {
+		return obj.(*core.ReplicationController).Spec.Template, "spec.template"
+	}},
+	subresources: map[string]kubeStrategy{"status": rcregistry.StatusStrategy},
+}
+
+// replicationControllerFields are the fields kube-apiserver selects ReplicationControllers by.
+func replicationControllerFields(obj runtime.Object) fields.Set {
+	return fields.Set{"status.replicas": strconv.Itoa(int(obj.(*corev1.ReplicationController).Status.Replicas))}
 }
 
 // podTemplateColumns are kubectl's for PodTemplates.

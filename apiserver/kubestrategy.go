@@ -177,6 +177,9 @@ type fullKubeStrategy interface {
 // skiffTemplateLimits checks an internal pod template against Skiff's pod rules (validatePod), with the
 // field paths under spec.template.
 func skiffTemplateLimits(in *core.PodTemplateSpec) field.ErrorList {
+	if in == nil {
+		return nil // a kind whose template is optional (a ReplicationController's); its validation says when it is needed
+	}
 	var template corev1.PodTemplateSpec
 	if err := kubecorev1.Convert_core_PodTemplateSpec_To_v1_PodTemplateSpec(in, &template, nil); err != nil {
 		return field.ErrorList{field.InternalError(field.NewPath("spec", "template"), err)}

@@ -11,6 +11,7 @@ import (
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -340,6 +341,15 @@ var statefulSetScale = scaleAccess{
 		return replicas(s.Spec.Replicas), s.Status.Replicas, selectorString(s.Spec.Selector)
 	},
 	set: func(o runtime.Object, n int32) { o.(*appsv1.StatefulSet).Spec.Replicas = &n },
+}
+
+// replicationControllerScale is a ReplicationController's: its selector is a map of labels.
+var replicationControllerScale = scaleAccess{
+	get: func(o runtime.Object) (int32, int32, string) {
+		rc := o.(*corev1.ReplicationController)
+		return replicas(rc.Spec.Replicas), rc.Status.Replicas, labels.SelectorFromSet(rc.Spec.Selector).String()
+	},
+	set: func(o runtime.Object, n int32) { o.(*corev1.ReplicationController).Spec.Replicas = &n },
 }
 
 func scaleSubresource(access scaleAccess) []subresource {

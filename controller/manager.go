@@ -121,6 +121,7 @@ var controllers = []struct {
 	{"serviceaccount", "service-account-controller", runServiceAccountController},
 	{"node-lifecycle", "node-controller", runNodeLifecycle},
 	{"replicaset", "replicaset-controller", runReplicaSetController},
+	{"replicationcontroller", "replication-controller", runReplicationManager},
 	{"deployment", "deployment-controller", runDeploymentController},
 	{"daemonset", "daemon-set-controller", runDaemonSetController},
 	{"statefulset", "statefulset-controller", runStatefulSetController},
