@@ -338,7 +338,11 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 		saTokens.SetStore(kind, stores[resource].Store)
 	}
 	groups[""].VersionedResourcesStorageMap["v1"]["serviceaccounts/token"] = saTokens.TokenRequestStorage()
-	for path, st := range podStreamStorage(&agents{pods: stores["pods"].Store, nodes: stores["nodes"].Store, transport: agentTransport, authorizer: authz.Authorizer}) {
+	agents := &agents{pods: stores["pods"].Store, nodes: stores["nodes"].Store, transport: agentTransport, authorizer: authz.Authorizer}
+	for path, st := range podStreamStorage(agents) {
+		groups[""].VersionedResourcesStorageMap["v1"][path] = st
+	}
+	for path, st := range proxyStorage(agents, stores["services"].Store, stores["endpoints"].Store) {
 		groups[""].VersionedResourcesStorageMap["v1"][path] = st
 	}
 	// RBAC writes are checked for escalation: no one grants what they do not hold.

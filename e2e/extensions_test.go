@@ -419,6 +419,18 @@ spec:
 		}
 		return nil
 	})
+	// The proxy subresources reach the pod, through its Service and directly, and the node's agent, as
+	// kube-apiserver's do (the extension server answers /healthz to anyone).
+	pod := k.ok("get", "pods", "-n", "whoami", "-l", "app=whoami", "-o", "jsonpath={.items[0].metadata.name}")
+	for _, path := range []string{
+		"/api/v1/namespaces/whoami/services/https:whoami:443/proxy/healthz",
+		"/api/v1/namespaces/whoami/pods/https:" + pod + ":8443/proxy/healthz",
+		"/api/v1/nodes/agent-1/proxy/healthz",
+	} {
+		if out := k.ok("get", "--raw", path); out != "ok" {
+			t.Errorf("kubectl get --raw %s: %q, want ok", path, out)
+		}
+	}
 	// The admin's identity reaches the extension server.
 	mustContain(t, "kubectl get whoamis", k.ok("get", "whoamis"), "NAME", "USER", "me", "skiff-admin", "system:masters")
 	// A service account allowed to read whoamis, and the extension server's own authorization of it.
