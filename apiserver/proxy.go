@@ -55,8 +55,10 @@ func (r *proxyREST) New() runtime.Object { return r.options() }
 func (r *proxyREST) Destroy()            {}
 
 // NewConnectOptions says that the rest of the request path is the options' "path".
-func (r *proxyREST) NewConnectOptions() (runtime.Object, bool, string) { return r.options(), true, "path" }
-func (r *proxyREST) ConnectMethods() []string                           { return proxyMethods }
+func (r *proxyREST) NewConnectOptions() (runtime.Object, bool, string) {
+	return r.options(), true, "path"
+}
+func (r *proxyREST) ConnectMethods() []string { return proxyMethods }
 
 func (r *proxyREST) Connect(ctx context.Context, name string, options runtime.Object, responder rest.Responder) (http.Handler, error) {
 	loc, transport, err := r.locate(ctx, name)
