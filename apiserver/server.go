@@ -262,6 +262,9 @@ func New(c Config) (*Server, error) {
 		return nil, err
 	}
 	generic.AddPostStartHookOrDie("start-cluster-authentication-info-controller", trust)
+	for path, h := range saTokens.IssuerDiscoveryHandlers() {
+		generic.Handler.NonGoRestfulMux.Handle(path, h)
+	}
 	for path, h := range c.Handlers {
 		if strings.HasSuffix(path, "/") {
 			generic.Handler.NonGoRestfulMux.HandlePrefix(path, h)

@@ -195,7 +195,13 @@ func (r *tokenRequestREST) Create(ctx context.Context, name string, obj runtime.
 		IssuedAt: jwt.NewNumericDate(now), NotBefore: jwt.NewNumericDate(now), ExpiresAt: jwt.NewNumericDate(expires),
 		ID: uuid.NewString(),
 	}
-	token, err := jwt.NewWithClaims(jwt.SigningMethodES256, &claims).SignedString(key)
+	kid, err := keyID(&key.PublicKey)
+	if err != nil {
+		return nil, apierrors.NewInternalError(err)
+	}
+	unsigned := jwt.NewWithClaims(jwt.SigningMethodES256, &claims)
+	unsigned.Header["kid"] = kid // as Kubernetes' tokens: the key set names the key that verifies them
+	token, err := unsigned.SignedString(key)
 	if err != nil {
 		return nil, apierrors.NewInternalError(err)
 	}
