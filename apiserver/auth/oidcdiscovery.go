@@ -39,7 +39,9 @@ func keyID(pub *ecdsa.PublicKey) (string, error) {
 }
 
 // issuerKeys hands kube's metadata provider the cluster's one signing key.
-type issuerKeys struct{ key func() (*ecdsa.PrivateKey, error) }
+type issuerKeys struct {
+	key func() (*ecdsa.PrivateKey, error)
+}
 
 func (k issuerKeys) AddListener(serviceaccount.Listener) {} // the key never changes once it exists
 func (k issuerKeys) GetCacheAgeMaxSeconds() int          { return 3600 }
