@@ -100,31 +100,12 @@ func (r *serviceREST) allocate(ctx context.Context, svc *corev1.Service) (alloca
 		return apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Service").GroupKind(), svc.Name, field.ErrorList{field.Invalid(path, value, msg)})
 	}
 	if svc.Spec.Type != corev1.ServiceTypeExternalName && svc.Spec.ClusterIP != corev1.ClusterIPNone {
-		ipPath := field.NewPath("spec", "clusterIPs").Index(0)
-		if svc.Spec.ClusterIP != "" {
-			ip := net.ParseIP(svc.Spec.ClusterIP)
-			if ip == nil || !r.cidr.Contains(ip) {
-				return a, invalid(ipPath, svc.Spec.ClusterIP, fmt.Sprintf("failed to allocate IP %s: the provided IP (%s) is not in the valid range. The range of valid IPs is %s", svc.Spec.ClusterIP, svc.Spec.ClusterIP, r.cidr))
-			}
-			if err := r.claimIP(ctx, ip.String(), svc); err != nil {
-				if apierrors.IsAlreadyExists(err) {
-					return a, invalid(ipPath, svc.Spec.ClusterIP, fmt.Sprintf("failed to allocate IP %s: provided IP is already allocated", svc.Spec.ClusterIP))
-				}
-				return a, err
-			}
-			a.ip = ip.String()
-		} else {
-			ip, err := r.allocateIP(ctx, svc)
-			if err != nil {
-				return a, err
-			}
-			a.ip = ip
+		ip, err := r.allocateIPFor(ctx, svc)
+		if err != nil {
+			return a, err
 		}
-		svc.Spec.ClusterIP = a.ip
-		svc.Spec.ClusterIPs = []string{a.ip}
-		single := corev1.IPFamilyPolicySingleStack
-		svc.Spec.IPFamilyPolicy = &single
-		svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol}
+		a.ip = ip
+		setClusterIP(svc, ip)
 	}
 	if hasNodePorts(svc) {
 		for i := range svc.Spec.Ports {
@@ -154,6 +135,35 @@ func (r *serviceREST) allocate(ctx context.Context, svc *corev1.Service) (alloca
 		}
 	}
 	return a, nil
+}
+
+// allocateIPFor claims the cluster IP the Service asks for, or a free one.
+func (r *serviceREST) allocateIPFor(ctx context.Context, svc *corev1.Service) (string, error) {
+	if svc.Spec.ClusterIP == "" {
+		return r.allocateIP(ctx, svc)
+	}
+	invalid := func(msg string) error {
+		return apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Service").GroupKind(), svc.Name,
+			field.ErrorList{field.Invalid(field.NewPath("spec", "clusterIPs").Index(0), svc.Spec.ClusterIP, msg)})
+	}
+	ip := net.ParseIP(svc.Spec.ClusterIP)
+	if ip == nil || !r.cidr.Contains(ip) {
+		return "", invalid(fmt.Sprintf("failed to allocate IP %s: the provided IP (%s) is not in the valid range. The range of valid IPs is %s", svc.Spec.ClusterIP, svc.Spec.ClusterIP, r.cidr))
+	}
+	if err := r.claimIP(ctx, ip.String(), svc); err != nil {
+		if apierrors.IsAlreadyExists(err) {
+			return "", invalid(fmt.Sprintf("failed to allocate IP %s: provided IP is already allocated", svc.Spec.ClusterIP))
+		}
+		return "", err
+	}
+	return ip.String(), nil
+}
+
+// setClusterIP writes an allocated IPv4 cluster IP into the Service, single stack.
+func setClusterIP(svc *corev1.Service, ip string) {
+	single := corev1.IPFamilyPolicySingleStack
+	svc.Spec.ClusterIP, svc.Spec.ClusterIPs = ip, []string{ip}
+	svc.Spec.IPFamilyPolicy, svc.Spec.IPFamilies = &single, []corev1.IPFamily{corev1.IPv4Protocol}
 }
 
 // allocateIP claims a free address, trying from a random offset so that concurrent creates rarely collide.
@@ -229,10 +239,12 @@ func (r *serviceREST) release(ctx context.Context, a allocation) {
 	}
 }
 
-// validateServiceUpdate keeps allocated addresses: a ClusterIP cannot change once set.
+// validateServiceUpdate keeps allocated addresses: a ClusterIP cannot change once set, unless the Service
+// becomes an ExternalName one, which has none.
 func validateServiceUpdate(o, old runtime.Object) field.ErrorList {
 	svc, oldSvc := o.(*corev1.Service), old.(*corev1.Service)
-	if oldSvc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != oldSvc.Spec.ClusterIP {
+	toExternalName := svc.Spec.Type == corev1.ServiceTypeExternalName && svc.Spec.ClusterIP == ""
+	if oldSvc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != oldSvc.Spec.ClusterIP && !toExternalName {
 		return field.ErrorList{field.Invalid(field.NewPath("spec", "clusterIPs").Index(0), svc.Spec.ClusterIP, "may not change once set")}
 	}
 	return nil
@@ -241,7 +253,13 @@ func validateServiceUpdate(o, old runtime.Object) field.ErrorList {
 // prepareServiceUpdate carries the allocated addresses over when an update (an apply, say) leaves them out.
 func prepareServiceUpdate(o, old runtime.Object) {
 	svc, oldSvc := o.(*corev1.Service), old.(*corev1.Service)
-	if svc.Spec.ClusterIP == "" {
+	if svc.Spec.Type == corev1.ServiceTypeExternalName && oldSvc.Spec.Type != corev1.ServiceTypeExternalName {
+		// Becoming an ExternalName Service drops the cluster IP the update left as it was, as Kubernetes'
+		// strategy does; the IP is released once the update is stored.
+		if svc.Spec.ClusterIP == oldSvc.Spec.ClusterIP {
+			svc.Spec.ClusterIP, svc.Spec.ClusterIPs, svc.Spec.IPFamilies, svc.Spec.IPFamilyPolicy = "", nil, nil, nil
+		}
+	} else if svc.Spec.ClusterIP == "" {
 		svc.Spec.ClusterIP = oldSvc.Spec.ClusterIP
 		svc.Spec.ClusterIPs = oldSvc.Spec.ClusterIPs
 		svc.Spec.IPFamilies = oldSvc.Spec.IPFamilies
@@ -278,6 +296,14 @@ func (r *serviceREST) Update(ctx context.Context, name string, objInfo rest.Upda
 		}
 	}
 	free := allocation{holder: u.holder}
+	if ip := u.claimedIP; ip != "" && (err != nil || out.(*corev1.Service).Spec.ClusterIP != ip) {
+		free.ip = ip // allocated by an attempt that did not stick
+	}
+	if err == nil && u.old != nil && u.old.Spec.ClusterIP != out.(*corev1.Service).Spec.ClusterIP {
+		if a := allocationOf(u.old); a.ip != "" {
+			r.release(context.WithoutCancel(ctx), allocation{ip: a.ip, holder: u.holder}) // now an ExternalName Service
+		}
+	}
 	for _, p := range u.claimed {
 		if !keep[p] {
 			free.ports = append(free.ports, p) // claimed by an attempt that did not stick
@@ -303,6 +329,8 @@ type nodePortUpdate struct {
 	holder  string
 	old     *corev1.Service // the version the last attempt updated
 	claimed []int32
+	// claimedIP is the cluster IP allocated for a Service that stops being an ExternalName one.
+	claimedIP string
 }
 
 func (u *nodePortUpdate) UpdatedObject(ctx context.Context, oldObj runtime.Object) (runtime.Object, error) {
@@ -313,6 +341,9 @@ func (u *nodePortUpdate) UpdatedObject(ctx context.Context, oldObj runtime.Objec
 	svc, old := obj.(*corev1.Service), oldObj.(*corev1.Service)
 	u.holder, u.old = old.Namespace+"/"+old.Name, old
 	prepareServiceUpdate(svc, old)
+	if err := u.allocateClusterIP(ctx, svc, old); err != nil {
+		return nil, err
+	}
 	held := map[int32]bool{}
 	for _, p := range old.Spec.Ports {
 		held[p.NodePort] = p.NodePort != 0
@@ -358,6 +389,29 @@ func (u *nodePortUpdate) UpdatedObject(ctx context.Context, oldObj runtime.Objec
 		}
 	}
 	return svc, nil
+}
+
+// allocateClusterIP gives a cluster IP to a Service that stops being an ExternalName one, as on creation (the
+// one the update asks for, or a free one). An attempt retried after a conflict keeps the IP it allocated.
+func (u *nodePortUpdate) allocateClusterIP(ctx context.Context, svc, old *corev1.Service) error {
+	if old.Spec.Type != corev1.ServiceTypeExternalName || svc.Spec.Type == corev1.ServiceTypeExternalName ||
+		old.Spec.ClusterIP != "" || svc.Spec.ClusterIP == corev1.ClusterIPNone {
+		return nil
+	}
+	if u.claimedIP != "" && (svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == u.claimedIP) {
+		setClusterIP(svc, u.claimedIP)
+		return nil
+	}
+	a, err := u.r.allocateIPFor(ctx, svc)
+	if err != nil {
+		return err
+	}
+	if u.claimedIP != "" {
+		u.r.release(ctx, allocation{ip: u.claimedIP, holder: u.holder})
+	}
+	u.claimedIP = a
+	setClusterIP(svc, a)
+	return nil
 }
 
 func hasNodePorts(svc *corev1.Service) bool {

@@ -2,6 +2,7 @@ package apiserver_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -69,5 +70,81 @@ func TestNodePortClaimsFollowUpdates(t *testing.T) {
 	}
 	if _, err := create("e", corev1.ServiceTypeNodePort, bPort); err != nil {
 		t.Fatalf("the port of a deleted Service: %v", err)
+	}
+}
+
+// TestExternalNameTypeChanges: a Service that becomes an ExternalName one gives up its cluster IP (and its
+// NodePorts), which another Service can then take, and one that stops being one gets a cluster IP, as
+// kube-apiserver does; updates are made as the conformance suite's jig makes them, a read and a full update.
+func TestExternalNameTypeChanges(t *testing.T) {
+	c := servertest.Start(t, 1)[0].Client
+	ctx := context.Background()
+	services := c.CoreV1().Services("default")
+	update := func(name string, change func(*corev1.Service)) (*corev1.Service, error) {
+		svc, err := services.Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		change(svc)
+		return services.Update(ctx, svc, metav1.UpdateOptions{})
+	}
+	toExternalName := func(s *corev1.Service) {
+		s.Spec.Type, s.Spec.ExternalName = corev1.ServiceTypeExternalName, "foo.example.com"
+	}
+	ipHeldBy := func(ip string) string {
+		a, err := c.NetworkingV1().IPAddresses().Get(ctx, ip, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return ""
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return a.Spec.ParentRef.Name
+	}
+	for _, typ := range []corev1.ServiceType{corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort} {
+		name := strings.ToLower(string(typ))
+		svc, err := services.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.ServiceSpec{
+			Type: typ, Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ip, nodePort := svc.Spec.ClusterIP, svc.Spec.Ports[0].NodePort
+		if ipHeldBy(ip) != name {
+			t.Fatalf("%s: IPAddress %s held by %q", name, ip, ipHeldBy(ip))
+		}
+		svc, err = update(name, toExternalName)
+		if err != nil {
+			t.Fatalf("%s to ExternalName: %v", name, err)
+		}
+		if svc.Spec.ClusterIP != "" || svc.Spec.ClusterIPs != nil || svc.Spec.IPFamilyPolicy != nil || svc.Spec.Ports[0].NodePort != 0 {
+			t.Fatalf("%s as ExternalName kept clusterIP %q %v, policy %v, nodePort %d", name, svc.Spec.ClusterIP, svc.Spec.ClusterIPs, svc.Spec.IPFamilyPolicy, svc.Spec.Ports[0].NodePort)
+		}
+		if holder := ipHeldBy(ip); holder != "" {
+			t.Fatalf("%s's IP %s still held by %q", name, ip, holder)
+		}
+		// What it gave up, another Service can take.
+		taker := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "taker"}, Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeNodePort, ClusterIP: ip, Ports: []corev1.ServicePort{{Port: 80, NodePort: nodePort}}}}
+		if typ == corev1.ServiceTypeClusterIP {
+			taker.Spec.Type, taker.Spec.Ports[0].NodePort = corev1.ServiceTypeClusterIP, 0
+		}
+		if _, err := services.Create(ctx, taker, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("taking what %s gave up: %v", name, err)
+		}
+		// Back, asking for the IP the taker holds: refused; then any IP.
+		if _, err := update(name, func(s *corev1.Service) { s.Spec.Type, s.Spec.ExternalName, s.Spec.ClusterIP = typ, "", ip }); !apierrors.IsInvalid(err) ||
+			!strings.Contains(err.Error(), "provided IP is already allocated") {
+			t.Fatalf("%s back to %s with a held IP: %v", name, typ, err)
+		}
+		svc, err = update(name, func(s *corev1.Service) { s.Spec.Type, s.Spec.ExternalName = typ, "" })
+		if err != nil {
+			t.Fatalf("%s back to %s: %v", name, typ, err)
+		}
+		if svc.Spec.ClusterIP == "" || svc.Spec.ClusterIP == ip || len(svc.Spec.ClusterIPs) != 1 || ipHeldBy(svc.Spec.ClusterIP) != name ||
+			(typ == corev1.ServiceTypeNodePort) != (svc.Spec.Ports[0].NodePort != 0) {
+			t.Fatalf("%s back to %s: clusterIP %q %v (held by %q), nodePort %d", name, typ, svc.Spec.ClusterIP, svc.Spec.ClusterIPs, ipHeldBy(svc.Spec.ClusterIP), svc.Spec.Ports[0].NodePort)
+		}
+		if err := services.Delete(ctx, "taker", metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
