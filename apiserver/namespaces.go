@@ -63,6 +63,13 @@ func (r *namespaceREST) Delete(ctx context.Context, name string, deleteValidatio
 	return out, false, nil
 }
 
+// shouldDeleteNamespaceDuringUpdate is the library's rule (a terminating object with no finalizers left goes
+// at its update) with the namespace's spec.finalizers counted too, as kube-apiserver's namespace storage has it.
+func shouldDeleteNamespaceDuringUpdate(ctx context.Context, key string, obj, existing runtime.Object) bool {
+	ns, ok := obj.(*corev1.Namespace)
+	return ok && len(ns.Spec.Finalizers) == 0 && genericregistry.ShouldDeleteDuringUpdate(ctx, key, obj, existing)
+}
+
 // finalizeREST is namespaces/{name}/finalize: it changes spec.finalizers only.
 type finalizeREST struct{ store *genericregistry.Store }
 

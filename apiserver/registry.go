@@ -311,6 +311,9 @@ func (k *kind) restStorage(getter generic.RESTOptionsGetter) (map[string]rest.St
 	var main rest.Storage = &resource{Store: store, k: k}
 	if k.resource == "namespaces" {
 		main = &namespaceREST{&resource{Store: store, k: k}}
+		// A terminating namespace is removed by its last finalizer, never by an update (of its labels, of
+		// its status conditions) while spec.finalizers holds it; the status store below copies this.
+		store.ShouldDeleteDuringUpdate = shouldDeleteNamespaceDuringUpdate
 	}
 	out := map[string]rest.Storage{k.resource: main}
 	if k.hasStatus {
