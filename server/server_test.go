@@ -79,7 +79,9 @@ func newPeers(t testing.TB, n, expect int) []*testPeer {
 			Ports: &config.PortsBlock{API: ptr(freePort(t, ip)), Raft: ptr(freePort(t, ip)), Gossip: ptr(freePort(t, ip))},
 			Server: &config.ServerBlock{
 				BootstrapExpect: &expect, RetryInterval: ptr("100ms"), Token: &token, ServerStabilizationTime: ptr("1s"),
-				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("200ms"), ElectionTimeout: ptr("200ms"), LeaderLeaseTimeout: ptr("100ms")},
+				// Fast, but not so fast that a leader starved of CPU (the race detector, other test packages on
+				// two cores) loses its lease and the peers churn through elections while the APIs start.
+				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms")},
 			},
 		}
 		joins = append(joins, fmt.Sprintf("%s:%d", ip, *f.Ports.Gossip))

@@ -59,7 +59,9 @@ func StartWith(t testing.TB, n int, mutate func(*config.ServerFile)) []*Peer {
 			Ports: &config.PortsBlock{API: ptr(freePort(t, ip)), Raft: ptr(freePort(t, ip)), Gossip: &gossip},
 			Server: &config.ServerBlock{
 				BootstrapExpect: &n, RetryInterval: ptr("100ms"), Token: &token,
-				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("200ms"), ElectionTimeout: ptr("200ms"), LeaderLeaseTimeout: ptr("100ms")},
+				// Fast, but not so fast that a leader starved of CPU (the race detector, other test packages on
+				// two cores) loses its lease and the peers churn through elections while the APIs start.
+				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms")},
 			},
 		}
 		if mutate != nil {
