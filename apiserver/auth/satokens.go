@@ -177,6 +177,14 @@ func (r *tokenRequestREST) Create(ctx context.Context, name string, obj runtime.
 		}
 		*claims.bound(ref.Kind) = &objectRef{Name: bound.GetName(), UID: bound.GetUID()}
 		req.Spec.BoundObjectRef.UID = bound.GetUID()
+		// A token bound to a scheduled pod also names the pod's node, as Kubernetes' do
+		// (ServiceAccountTokenPodNodeInfo): a TokenReview then reports it in the user's extra. Without the
+		// node at hand the token goes without it.
+		if pod, ok := bound.(*corev1.Pod); ok && pod.Spec.NodeName != "" {
+			if node, err := r.tokens.lookup(ctx, "Node", "", pod.Spec.NodeName, false); err == nil {
+				claims.Kubernetes.Node = &objectRef{Name: node.GetName(), UID: node.GetUID()}
+			}
+		}
 	}
 	if len(req.Spec.Audiences) == 0 {
 		req.Spec.Audiences = []string{ServiceAccountIssuer}
@@ -266,6 +274,11 @@ func (t *ServiceAccountTokens) authenticate(ctx context.Context, token string) (
 	for _, kind := range boundKinds {
 		ref := *claims.bound(kind)
 		if ref == nil {
+			continue
+		}
+		if kind == "Node" && k.Pod != nil {
+			// A pod-bound token's node is information, not a binding: the pod's validity is what counts.
+			info.NodeName, info.NodeUID = ref.Name, string(ref.UID)
 			continue
 		}
 		if err := t.stillValid(ctx, kind, k.Namespace, ref); err != nil {

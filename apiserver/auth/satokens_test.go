@@ -166,6 +166,40 @@ func TestServiceAccountTokens(t *testing.T) {
 	if code := as(boundTR.Status.Token, 2); code != http.StatusOK {
 		t.Errorf("pod-bound token: status %d, want 200", code)
 	}
+	// A token bound to a pod on a node names the node, which a TokenReview reports (and which is no
+	// binding: the node's deletion does not revoke it).
+	node, err := admin.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	placed, err := admin.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "placed"},
+		Spec:       corev1.PodSpec{ServiceAccountName: "robot", NodeName: "n1", Containers: []corev1.Container{{Name: "c", Image: "i"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	placedTR, err := request("robot", authenticationv1.TokenRequestSpec{BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", Name: placed.Name}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokenReview, err := admin.AuthenticationV1().TokenReviews().Create(ctx, &authenticationv1.TokenReview{Spec: authenticationv1.TokenReviewSpec{Token: placedTR.Status.Token}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	extra := tokenReview.Status.User.Extra
+	if !tokenReview.Status.Authenticated || !slices.Equal(extra["authentication.kubernetes.io/node-name"], []string{"n1"}) ||
+		!slices.Equal(extra["authentication.kubernetes.io/node-uid"], []string{string(node.UID)}) ||
+		!slices.Equal(extra["authentication.kubernetes.io/pod-name"], []string{"placed"}) {
+		t.Errorf("review of a token of a pod on n1: authenticated %v, extra %v", tokenReview.Status.Authenticated, extra)
+	}
+	if err := admin.CoreV1().Nodes().Delete(ctx, "n1", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if code := as(placedTR.Status.Token, 1); code != http.StatusOK {
+		t.Errorf("token of a pod whose node is gone: status %d, want 200", code)
+	}
+
 	if err := admin.CoreV1().Pods("default").Delete(ctx, pod.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
