@@ -127,6 +127,7 @@ var controllers = []struct {
 	{"statefulset", "statefulset-controller", runStatefulSetController},
 	{"endpointslice", "endpointslice-controller", runEndpointSliceController},
 	{"endpoints", "endpoint-controller", runEndpointsController},
+	{"endpointslicemirroring", "endpointslicemirroring-controller", runEndpointSliceMirroring},
 	{"clusterrole-aggregation", "clusterrole-aggregation-controller", runClusterRoleAggregation},
 	{"root-ca-cert-publisher", "root-ca-cert-publisher", runRootCACertPublisher},
 	{"certificates", "certificate-controller", runCertificateControllers},
