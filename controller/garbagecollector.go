@@ -125,7 +125,7 @@ func gcRound(ctx context.Context, c *Clients) error {
 				orphan(ctx, c, o, dependents[o.meta.UID])
 			}
 			if hasFinalizer(o, metav1.FinalizerDeleteDependents) {
-				deleteDependents(ctx, c, o, dependents[o.meta.UID])
+				deleteDependents(ctx, c, o, dependents)
 			}
 			continue
 		}
@@ -191,18 +191,61 @@ func orphan(ctx context.Context, c *Clients, owner *gcObject, deps []*gcObject) 
 	removeFinalizer(ctx, c, owner, metav1.FinalizerOrphanDependents)
 }
 
-func deleteDependents(ctx context.Context, c *Clients, owner *gcObject, deps []*gcObject) {
-	if len(deps) > 0 {
-		foreground := metav1.DeletePropagationForeground
-		for _, d := range deps {
-			if d.meta.DeletionTimestamp != nil {
-				continue
+// deleteDependents deletes an owner's dependents in the foreground, and drops the owner's finalizer once
+// none that blocks it (blockOwnerDeletion) is left, as Kubernetes' collector does. A dependent that has a
+// dependent of its own in foreground deletion may be part of an ownership cycle (a owns b owns c owns a):
+// its references stop blocking before it is deleted, so that the deletions cannot wait on each other
+// forever (Kubernetes' rule, with the same false positives).
+func deleteDependents(ctx context.Context, c *Clients, owner *gcObject, dependents map[types.UID][]*gcObject) {
+	blocking := 0
+	foreground := metav1.DeletePropagationForeground
+	for _, d := range dependents[owner.meta.UID] {
+		if d.meta.DeletionTimestamp != nil {
+			if blocksOwner(d, owner.meta.UID) {
+				blocking++
 			}
-			c.Metadata.Resource(d.gvr).Namespace(d.meta.Namespace).Delete(ctx, d.meta.Name, metav1.DeleteOptions{PropagationPolicy: &foreground})
+			continue
 		}
-		return // the finalizer goes once the dependents are gone
+		unblocked := false
+		for _, dd := range dependents[d.meta.UID] {
+			if dd.meta.DeletionTimestamp != nil && hasFinalizer(dd, metav1.FinalizerDeleteDependents) {
+				if err := unblockOwners(ctx, c, d); err != nil && !apierrors.IsNotFound(err) {
+					return // try again next round
+				}
+				unblocked = true
+				break
+			}
+		}
+		if !unblocked && blocksOwner(d, owner.meta.UID) {
+			blocking++
+		}
+		c.Metadata.Resource(d.gvr).Namespace(d.meta.Namespace).Delete(ctx, d.meta.Name, metav1.DeleteOptions{PropagationPolicy: &foreground})
 	}
-	removeFinalizer(ctx, c, owner, metav1.FinalizerDeleteDependents)
+	if blocking == 0 {
+		removeFinalizer(ctx, c, owner, metav1.FinalizerDeleteDependents)
+	}
+}
+
+// blocksOwner reports whether the object's reference to the owner blocks the owner's foreground deletion.
+func blocksOwner(o *gcObject, owner types.UID) bool {
+	for _, ref := range o.meta.OwnerReferences {
+		if ref.UID == owner && ref.BlockOwnerDeletion != nil && *ref.BlockOwnerDeletion {
+			return true
+		}
+	}
+	return false
+}
+
+// unblockOwners sets blockOwnerDeletion false on every owner reference of the object.
+func unblockOwners(ctx context.Context, c *Clients, o *gcObject) error {
+	refs := make([]metav1.OwnerReference, len(o.meta.OwnerReferences))
+	for i, ref := range o.meta.OwnerReferences {
+		ref.BlockOwnerDeletion = new(false)
+		refs[i] = ref
+	}
+	c.Logger.Info("an object in an ownership chain under foreground deletion stops blocking its owners, to break a possible cycle",
+		"resource", o.gvr.Resource, "namespace", o.meta.Namespace, "name", o.meta.Name)
+	return patchMeta(ctx, c, o, map[string]interface{}{"ownerReferences": refs})
 }
 
 func hasFinalizer(o *gcObject, f string) bool {
