@@ -43,9 +43,11 @@ func TestCluster(t testing.TB, n int, opts ...Option) *Cluster {
 		cfg.ID = fmt.Sprintf("peer-%d", i)
 		cfg.DataDir = t.TempDir()
 		cfg.BindAddr = fmt.Sprintf("127.0.0.1:%d", freeport.One(t))
-		cfg.HeartbeatTimeout = 100 * time.Millisecond
-		cfg.ElectionTimeout = 100 * time.Millisecond
-		cfg.LeaderLeaseTimeout = 50 * time.Millisecond
+		// Fast, but with room for a leader starved of CPU (the race detector, the other packages of `make
+		// test` on two cores): at 100/50 ms leases lapsed between an election and the next write.
+		cfg.HeartbeatTimeout = 200 * time.Millisecond
+		cfg.ElectionTimeout = 200 * time.Millisecond
+		cfg.LeaderLeaseTimeout = 100 * time.Millisecond
 		cfg.CommitTimeout = 5 * time.Millisecond
 		cfg.ApplyTimeout = 5 * time.Second
 		cfg.TTLInterval = 50 * time.Millisecond
@@ -218,7 +220,7 @@ func (c *Cluster) Put(i int, key, value string) (fsm.Result, error) {
 // MustPut writes key=value through peer i, retrying while leadership changes hands, and fails the test if
 // the write does not commit within 20 s. Only for writes that are safe to repeat: a write whose outcome was
 // unknown may have committed, and is applied again. Tests whose cluster runs on one follower use it, since
-// under -race on a loaded machine the 50 ms leader lease can lapse and the leader step down mid-loop.
+// under -race on a loaded machine the 100 ms leader lease can lapse and the leader step down mid-loop.
 func (c *Cluster) MustPut(i int, key, value string) {
 	c.t.Helper()
 	c.WaitFor("write of "+key, 20*time.Second, func() error {
