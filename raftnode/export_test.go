@@ -31,3 +31,7 @@ func (n *Node) LogBoundsForTest() (first, last uint64, err error) {
 	last, err = n.logs.LastIndex()
 	return first, last, err
 }
+
+// RefuseSnapshotPastForTest makes the peer answer the SnapshotPast RPC with ErrNotLeader, as a leader deposed
+// before it could answer does.
+func (n *Node) RefuseSnapshotPastForTest(refuse bool) { n.refuseSnapshotPast.Store(refuse) }

@@ -134,6 +134,7 @@ type Node struct {
 	askingSnapshot       atomic.Bool   // #697: a request for a snapshot past our log is under way
 	conflictWarned       atomic.Uint64 // #697: the snapshot index last warned about
 	snapshotPastMu       sync.Mutex    // #697: one snapshotPast at a time on the leader
+	refuseSnapshotPast   atomic.Bool   // #697, tests only: the SnapshotPast RPC fails, as from a deposed leader
 
 	removed     chan struct{}
 	removedOnce sync.Once
@@ -164,9 +165,10 @@ func New(cfg Config) (*Node, error) {
 		n.closeResources()
 		return nil, err
 	}
-	n.bgWG.Add(2)
+	n.bgWG.Add(3)
 	go n.leadershipLoop()
 	go n.membershipLoop()
+	go n.snapshotConflictLoop()
 	n.OnLeadership("ttl-reaper", n.reapExpired)
 	return n, nil
 }

@@ -111,7 +111,7 @@ func (s *rpcService) Status(args StatusArgs, reply *StatusReply) error {
 
 // SnapshotPast makes sure the leader's newest snapshot ends past args.Index.
 func (s *rpcService) SnapshotPast(args SnapshotPastArgs, reply *SnapshotPastReply) error {
-	if !s.n.raftUp.Load() {
+	if !s.n.raftUp.Load() || s.n.refuseSnapshotPast.Load() {
 		return ErrNotLeader
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.n.cfg.ApplyTimeout)

@@ -152,17 +152,19 @@ func (n *Node) mostUpToDateVoter() (ServerInfo, error) {
 // discards its whole log. raft instead always keeps the log, compacted as after a local snapshot:
 //   - When the log holds a different entry at the snapshot's index (an uncommitted suffix, written while this
 //     peer led a minority or followed a deposed leader), every AppendEntries that follows fails its
-//     consistency check at that index, and the leader, which no longer has the entries before it (compacted,
-//     or the gap a snapshot restore leaves), sends the snapshot again: a livelock. The follower stops replicating and the leader streams the snapshot forever.
+//     consistency check at that index or below it, and the leader walks back to an entry it no longer has
+//     and sends the snapshot again, or, if its log still starts at index 1, sends entries from there that
+//     the follower cannot check either: a livelock. The follower stops replicating.
 //   - When the log ends before the snapshot's index, the follower ignores it, but an uncommitted suffix kept in
 //     it would be sent as committed entries to a lagging follower should this peer lead later.
 //
 // raft asks IsMonotonic right after installing a snapshot, and on the leader right after restoring a user
 // snapshot, to choose between discarding the whole log ("monotonic" stores cannot hold a gap) and compacting
-// it; nowhere else. logStore answers yes when the log ends before the newest snapshot (the second case: Rule 7
-// discards it). In the first case raft's cached last index still points into the log, so the log can only be
-// replaced while raft is stopped; instead the follower asks the leader for a snapshot past the end of its log.
-// Installing that one is the second case.
+// it; nowhere else. logStore answers yes whenever Rule 7 discards the log: the store then holds the right
+// log, durably. raft's cached last log index and term still point at the discarded suffix until a snapshot
+// past it arrives (or raft restarts and reads the store), and until then AppendEntries fails as above; so
+// the follower asks the leader for a snapshot past that index (requestSnapshotPast), at once and again from
+// snapshotConflictLoop while the cache stays ahead of the store.
 type logStore struct {
 	*raftboltdb.BoltStore
 	n *Node
@@ -188,7 +190,50 @@ func (s logStore) IsMonotonic() bool {
 		return false // the log holds the snapshot's last entry: keep what follows
 	}
 	go s.n.requestSnapshotPast(snap.Index, last)
-	return false
+	return true
+}
+
+// snapshotConflictLoop asks the leader for a snapshot past raft's cached last log index while that index
+// stays past both the log store and the newest snapshot: the state IsMonotonic leaves when it discards a log
+// that conflicts with an installed snapshot. The first request may go to a leader that is deposed before it
+// answers, or that compacts no log and keeps sending entries instead of the snapshot; this one retries. Two
+// ticks in a row are required because raft's AppendEntries briefly leaves the store behind its cache when
+// it replaces a conflicting suffix.
+func (n *Node) snapshotConflictLoop() {
+	defer n.bgWG.Done()
+	t := time.NewTicker(n.cfg.ElectionTimeout)
+	defer t.Stop()
+	seen := false
+	for {
+		select {
+		case <-n.shutdown:
+			return
+		case <-t.C:
+		}
+		snapIndex, cached, ahead := n.cacheAheadOfStore()
+		if !ahead || n.raft.State() != raft.Follower {
+			seen = false
+			continue
+		}
+		if seen {
+			go n.requestSnapshotPast(snapIndex, cached)
+		}
+		seen = true
+	}
+}
+
+// cacheAheadOfStore reports whether raft's cached last log index is past the end of the log store and the
+// newest snapshot, with the newest snapshot's index and the cached index.
+func (n *Node) cacheAheadOfStore() (snapIndex, cached uint64, ahead bool) {
+	cached = n.raft.LastIndex()
+	last, err := n.logs.LastIndex()
+	if err != nil {
+		return 0, 0, false
+	}
+	if snaps, err := n.snaps.List(); err == nil && len(snaps) > 0 {
+		snapIndex = snaps[0].Index
+	}
+	return snapIndex, cached, cached > max(last, snapIndex)
 }
 
 // requestSnapshotPast asks the leader for a snapshot whose last index is past index, the end of our log, after
@@ -242,7 +287,7 @@ func (n *Node) snapshotPast(ctx context.Context, index uint64) (uint64, error) {
 		return 0, ErrNotLeader
 	}
 	if s := newest(); s > index {
-		return s, nil
+		return s, n.compactFromStart(ctx)
 	}
 	if applied := n.store.AppliedIndex(); index >= applied+maxSnapshotPad {
 		return 0, fmt.Errorf("raftnode: index %d is too far past the applied index %d", index, applied)
@@ -255,5 +300,33 @@ func (n *Node) snapshotPast(ctx context.Context, index uint64) (uint64, error) {
 	if err := n.raft.Snapshot().Error(); err != nil && newest() <= index {
 		return 0, err
 	}
-	return newest(), nil
+	return newest(), n.compactFromStart(ctx)
+}
+
+// compactFromStart makes sure this leader's log no longer starts at index 1. A follower that rejects every
+// AppendEntries walks the leader back through its log, and gets the snapshot only once the leader misses an
+// entry; from a log that starts at index 1 (shorter than TrailingLogs, never compacted) the leader sends
+// entries from 1 instead, forever. Compaction here keeps no trailing entries, so a lagging follower gets a
+// snapshot too: a rare repair, not the steady state.
+func (n *Node) compactFromStart(ctx context.Context) error {
+	if first, err := n.logs.FirstIndex(); err != nil || first != 1 {
+		return err
+	}
+	rc := n.raft.ReloadableConfig()
+	trailing := rc.TrailingLogs
+	rc.TrailingLogs = 0
+	if err := n.raft.ReloadConfig(rc); err != nil {
+		return err
+	}
+	defer func() {
+		rc.TrailingLogs = trailing
+		if err := n.raft.ReloadConfig(rc); err != nil {
+			n.logger.Error("restoring raft's trailing logs failed", "trailing_logs", trailing, "error", err)
+		}
+	}()
+	// A snapshot needs an entry past the last one; that snapshot's compaction then starts the log after it.
+	if _, err := n.Apply(ctx, &fsm.Command{Type: fsm.CmdNoop}); err != nil {
+		return err
+	}
+	return n.raft.Snapshot().Error()
 }

@@ -283,11 +283,13 @@ func TestFollowerWithConflictingLogConvergesAfterSnapshotInstall(t *testing.T) {
 		opt  func(*raftnode.Config)
 		// diverge runs on the new leader l while the old leader (with its stale suffix of n entries starting
 		// at index k) is cut off; afterwards the new leader's latest snapshot must end inside that suffix.
-		diverge func(t *testing.T, c *rt.Cluster, l int, k uint64)
+		diverge func(t *testing.T, c *rt.Cluster, a, l int, k uint64)
+		// afterHeal, when set, runs once the network heals and returns the peer that leads afterwards.
+		afterHeal func(t *testing.T, c *rt.Cluster, a, l int) int
 	}{
 		{
 			name: "restore on the new leader",
-			diverge: func(t *testing.T, c *rt.Cluster, l int, k uint64) {
+			diverge: func(t *testing.T, c *rt.Cluster, a, l int, k uint64) {
 				path := filepath.Join(t.TempDir(), "backup.snap")
 				f, err := os.Create(path)
 				if err != nil {
@@ -310,7 +312,7 @@ func TestFollowerWithConflictingLogConvergesAfterSnapshotInstall(t *testing.T) {
 				cfg.TrailingLogs = 8
 				cfg.SnapshotThreshold = 1 << 30 // snapshots only when the test asks
 			},
-			diverge: func(t *testing.T, c *rt.Cluster, l int, k uint64) {
+			diverge: func(t *testing.T, c *rt.Cluster, a, l int, k uint64) {
 				for i := 0; c.Node(l).RaftForTest().LastIndex() < k+20; i++ {
 					putVia(t, c, l, fmt.Sprintf("/new/%d", i), "v")
 				}
@@ -320,6 +322,48 @@ func TestFollowerWithConflictingLogConvergesAfterSnapshotInstall(t *testing.T) {
 				if first, _, _ := c.Node(l).LogBoundsForTest(); first < k {
 					t.Fatalf("leader log still starts at %d, before the divergence at %d", first, k)
 				}
+			},
+		},
+		{
+			// The cut-off peer installs the compacted leader's snapshot, but its request for a snapshot past
+			// its log fails (the leader is being deposed), and leadership moves to the third peer, whose log
+			// was never compacted (shorter than its TrailingLogs) and still starts at index 1: it never misses
+			// an entry, so it sends entries instead of a snapshot unless it compacts.
+			name: "leadership moves to a peer that never compacted",
+			opt:  func(cfg *raftnode.Config) { cfg.SnapshotThreshold = 1 << 30 },
+			diverge: func(t *testing.T, c *rt.Cluster, a, l int, k uint64) {
+				for i := 0; c.Node(l).RaftForTest().LastIndex() < k+20; i++ {
+					putVia(t, c, l, fmt.Sprintf("/new/%d", i), "v")
+				}
+				// The cut-off peer and the new leader keep 8 trailing entries; the third peer the default.
+				for _, i := range []int{a, l} {
+					r := c.Node(i).RaftForTest()
+					rc := r.ReloadableConfig()
+					rc.TrailingLogs = 8
+					if err := r.ReloadConfig(rc); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := c.Node(l).RaftForTest().Snapshot().Error(); err != nil {
+					t.Fatal(err)
+				}
+				c.Node(l).RefuseSnapshotPastForTest(true)
+			},
+			afterHeal: func(t *testing.T, c *rt.Cluster, a, l int) int {
+				c.WaitFor("the cut-off peer to install a snapshot", 10*time.Second, func() error {
+					if c.Node(a).Stats()["snapshot_installs"] == 0 {
+						return errors.New("no snapshot installed yet")
+					}
+					return nil
+				})
+				m := 3 - a - l
+				if first, _, _ := c.Node(m).LogBoundsForTest(); first != 1 {
+					t.Fatalf("the third peer's log starts at %d, want 1 (never compacted)", first)
+				}
+				if err := c.Node(l).TransferLeadership(c.Config(m).ID); err != nil {
+					t.Fatalf("transfer leadership to peer %d: %v", m, err)
+				}
+				return waitLeaderAmong(c, m)
 			},
 		},
 	}
@@ -360,11 +404,14 @@ func TestFollowerWithConflictingLogConvergesAfterSnapshotInstall(t *testing.T) {
 				t.Fatal(err)
 			}
 			l := waitLeaderAmong(c, (a+1)%3, (a+2)%3)
-			tc.diverge(t, c, l, k)
+			tc.diverge(t, c, a, l, k)
 			snaps := c.Node(l).RaftForTest().Stats()["last_snapshot_index"]
 			t.Logf("stale suffix %d-%d on A, new leader's latest snapshot at %s", k, staleLast, snaps)
 
 			c.Net.Heal()
+			if tc.afterHeal != nil {
+				l = tc.afterHeal(t, c, a, l)
+			}
 			last := putVia(t, c, l, "/after", "v")
 			waitApplied(c, uint64(last), 15*time.Second)
 			c.WaitForIdenticalStores(10 * time.Second)
