@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 PKGS      := ./...
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all setup build lint test unit e2e smoke bench chaos dev up down clean
+.PHONY: all setup build lint test unit e2e smoke bench chaos conformance dev up down clean
 
 all: build
 
@@ -84,6 +84,11 @@ chaos: setup build
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=2 -timeout 40m ./e2e/...
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestFaults$$' -timeout 1h ./chaos/
 	rm -rf .chaos && mkdir -p .chaos && SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestChaos$$' -timeout 3h ./chaos/ -args -chaos.rounds=0 -chaos.faults-per-round=2 -chaos.plan=$(CHAOS_PLAN) -chaos.seed=$(CHAOS_SEED) -chaos.report-dir=$(CURDIR)/.chaos; status=$$?; cat .chaos/report.txt; exit $$status
+
+# The Kubernetes v1.37.2 conformance suite against a local cluster of 3 servers and 2 agents, every image built
+# here; docs/CONFORMANCE.md. CONFORMANCE_FOCUS=regexp narrows it, CONFORMANCE_KEEP=1 leaves the cluster up.
+conformance: setup build
+	conformance/run.sh
 
 # A local HA cluster: three servers and two node agents, each in its own network namespace on this machine.
 # `make down` removes it (processes, pods, namespaces, the bridge) and its .skiff directory.

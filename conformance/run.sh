@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# `make conformance`: the Kubernetes v1.37.2 conformance suite against `skiff local` (3 servers, 2 agents).
+#
+# It builds e2e.test, the ginkgo CLI, a kubectl that says v1.37.2, and every image the suite runs (see
+# conformance/images) from the module graph in go.mod, starts a local cluster whose agents import the images,
+# runs the parallel part and then the [Serial] part, and leaves in $CONFORMANCE_DIR/results a sonobuoy-style
+# e2e.log and junit_01.xml. It prints "N passed, M failed" and exits non-zero if a test failed.
+#
+#   CONFORMANCE_FOCUS   a regular expression narrowing the tests by name (default: all of them)
+#   CONFORMANCE_SKIP    a regular expression of tests to leave out (default: none)
+#   CONFORMANCE_NODES   parallel ginkgo processes for the parallel part (default 4)
+#   CONFORMANCE_DIR     where builds, the cluster and results go (default .conformance)
+#   CONFORMANCE_KEEP=1  leaves the cluster up afterwards (`bin/skiff local down --dir $CONFORMANCE_DIR/cluster`)
+#
+# Go's build cache makes a second run's builds take seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+dir=$(realpath -m "${CONFORMANCE_DIR:-.conformance}")
+focus=${CONFORMANCE_FOCUS:-.}
+skip=${CONFORMANCE_SKIP:-}
+nodes=${CONFORMANCE_NODES:-4}
+kube=v1.37.2
+bin=$dir/bin
+results=$dir/results
+GO=${GO:-go}
+
+log() { printf '%s conformance: %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+mkdir -p "$bin"
+log "building e2e.test, ginkgo, kubectl $kube, agnhost and sample-apiserver"
+kmod=$($GO list -m -f '{{.Dir}}' k8s.io/kubernetes)
+stamp="-X k8s.io/component-base/version.gitVersion=$kube -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37 -X k8s.io/component-base/version.gitTreeState=clean"
+$GO test -c -o "$bin/e2e.test" k8s.io/kubernetes/test/e2e
+$GO build -o "$bin/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
+$GO build -ldflags "$stamp" -o "$bin/kubectl" k8s.io/kubernetes/cmd/kubectl
+CGO_ENABLED=0 $GO build -trimpath -ldflags '-s -w' -o "$bin/agnhost" k8s.io/kubernetes/test/images/agnhost
+CGO_ENABLED=0 $GO build -trimpath -ldflags "-s -w $stamp" -o "$bin/sample-apiserver" k8s.io/sample-apiserver
+CGO_ENABLED=0 $GO build -trimpath -ldflags '-s -w' -o "$bin/pause" ./cmd/skiff-pause
+$GO build -o "$bin/report" ./conformance/report
+
+log "building the suite's images"
+rm -rf "$dir/images"
+$GO run ./conformance/images -out "$dir/images" -agnhost "$bin/agnhost" -sample-apiserver "$bin/sample-apiserver" \
+	-pause "$bin/pause" -test-images "$kmod/test/images" >/dev/null
+
+cluster=$dir/cluster
+"$root/bin/skiff" local down --dir "$cluster" >/dev/null 2>&1 || true
+cleanup() {
+	if [ "${CONFORMANCE_KEEP:-}" = 1 ]; then
+		log "the cluster stays up: KUBECONFIG=$cluster/kubeconfig; bin/skiff local down --dir $cluster removes it"
+	else
+		"$root/bin/skiff" local down --dir "$cluster" >/dev/null 2>&1 || true
+	fi
+}
+trap cleanup EXIT
+log "starting skiff local: 3 servers, 2 agents"
+"$root/bin/skiff" local up --servers 3 --agents 2 --dir "$cluster" --images "$dir/images" >/dev/null
+export KUBECONFIG=$cluster/kubeconfig
+for _ in $(seq 120); do
+	ready=$("$bin/kubectl" get nodes --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)
+	[ "$ready" -ge 2 ] && break
+	sleep 1
+done
+"$bin/kubectl" get nodes
+
+rm -rf "$results" && mkdir -p "$results/parallel" "$results/serial"
+e2e_args=(--kubeconfig="$KUBECONFIG" --provider=skeleton --kubectl-path="$bin/kubectl" --dns-domain=cluster.local)
+run() { # run NAME LABEL-FILTER GINKGO-FLAGS...
+	local name=$1 filter=$2
+	shift 2
+	log "running the $name part"
+	local args=(--no-color --timeout=4h --label-filter="$filter" --focus="$focus" "$@")
+	[ -n "$skip" ] && args+=(--skip="$skip")
+	"$bin/ginkgo" "${args[@]}" "$bin/e2e.test" -- "${e2e_args[@]}" --report-dir="$results/$name" || true
+}
+start=$(date +%s)
+{
+	run parallel 'Conformance && !Serial' --procs="$nodes"
+	run serial 'Conformance && Serial'
+} 2>&1 | tee "$results/e2e.log"
+wall=$(( $(date +%s) - start ))
+log "wall time: $((wall / 60)) min $((wall % 60)) s"
+reports=()
+for r in "$results"/parallel/junit_01.xml "$results"/serial/junit_01.xml; do
+	[ -f "$r" ] && reports+=("$r")
+done
+"$bin/report" -out "$results/junit_01.xml" "${reports[@]}" | tee "$results/summary.txt"
