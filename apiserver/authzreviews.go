@@ -58,10 +58,6 @@ func accessReviewStatus(ctx context.Context, a authorizer.UnconditionalAuthorize
 	}
 }
 
-func notSupportedTable(resource string) error {
-	return apierrors.NewMethodNotSupported(authorizationv1.Resource(resource), "list")
-}
-
 // selfSubjectAccessReviewREST answers whether the requesting user may do what the review asks.
 type selfSubjectAccessReviewREST struct {
 	authorizer authorizer.UnconditionalAuthorizer
@@ -78,9 +74,6 @@ func (r *selfSubjectAccessReviewREST) New() runtime.Object {
 func (r *selfSubjectAccessReviewREST) Destroy()                {}
 func (r *selfSubjectAccessReviewREST) NamespaceScoped() bool   { return false }
 func (r *selfSubjectAccessReviewREST) GetSingularName() string { return "selfsubjectaccessreview" }
-func (r *selfSubjectAccessReviewREST) ConvertToTable(context.Context, runtime.Object, runtime.Object) (*metav1.Table, error) {
-	return nil, notSupportedTable("selfsubjectaccessreviews")
-}
 
 func (r *selfSubjectAccessReviewREST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
 	in, ok := obj.(*authorizationv1.SelfSubjectAccessReview)
@@ -128,9 +121,6 @@ func (r *subjectAccessReviewREST) New() runtime.Object     { return &authorizati
 func (r *subjectAccessReviewREST) Destroy()                {}
 func (r *subjectAccessReviewREST) NamespaceScoped() bool   { return false }
 func (r *subjectAccessReviewREST) GetSingularName() string { return "subjectaccessreview" }
-func (r *subjectAccessReviewREST) ConvertToTable(context.Context, runtime.Object, runtime.Object) (*metav1.Table, error) {
-	return nil, notSupportedTable("subjectaccessreviews")
-}
 
 func (r *subjectAccessReviewREST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
 	in, ok := obj.(*authorizationv1.SubjectAccessReview)
@@ -170,9 +160,6 @@ func (r *localSubjectAccessReviewREST) New() runtime.Object {
 func (r *localSubjectAccessReviewREST) Destroy()                {}
 func (r *localSubjectAccessReviewREST) NamespaceScoped() bool   { return true }
 func (r *localSubjectAccessReviewREST) GetSingularName() string { return "localsubjectaccessreview" }
-func (r *localSubjectAccessReviewREST) ConvertToTable(context.Context, runtime.Object, runtime.Object) (*metav1.Table, error) {
-	return nil, notSupportedTable("localsubjectaccessreviews")
-}
 
 // Create checks, as kube does, that spec.resourceAttributes.namespace is the object's namespace (422: the
 // request handler has already set an empty metadata.namespace to the request's, and refused a different one),
@@ -223,9 +210,6 @@ func (r *selfSubjectRulesReviewREST) New() runtime.Object {
 func (r *selfSubjectRulesReviewREST) Destroy()                {}
 func (r *selfSubjectRulesReviewREST) NamespaceScoped() bool   { return false }
 func (r *selfSubjectRulesReviewREST) GetSingularName() string { return "selfsubjectrulesreview" }
-func (r *selfSubjectRulesReviewREST) ConvertToTable(context.Context, runtime.Object, runtime.Object) (*metav1.Table, error) {
-	return nil, notSupportedTable("selfsubjectrulesreviews")
-}
 
 // Create answers, as kube does, with a new object holding only the status: the rules (never null), whether
 // they are incomplete, and the resolver's error.
@@ -292,9 +276,6 @@ func (r *tokenReviewREST) New() runtime.Object     { return &authenticationv1.To
 func (r *tokenReviewREST) Destroy()                {}
 func (r *tokenReviewREST) NamespaceScoped() bool   { return false }
 func (r *tokenReviewREST) GetSingularName() string { return "tokenreview" }
-func (r *tokenReviewREST) ConvertToTable(context.Context, runtime.Object, runtime.Object) (*metav1.Table, error) {
-	return nil, apierrors.NewMethodNotSupported(authenticationv1.Resource("tokenreviews"), "list")
-}
 
 // Create authenticates spec.token for spec.audiences (the API's audiences when empty), as kube-apiserver
 // does: a user of an audience-agnostic authenticator is good for the API's audiences only (kube wraps such
@@ -371,9 +352,6 @@ func (selfSubjectReviewREST) New() runtime.Object     { return &authenticationv1
 func (selfSubjectReviewREST) Destroy()                {}
 func (selfSubjectReviewREST) NamespaceScoped() bool   { return false }
 func (selfSubjectReviewREST) GetSingularName() string { return "selfsubjectreview" }
-func (selfSubjectReviewREST) ConvertToTable(context.Context, runtime.Object, runtime.Object) (*metav1.Table, error) {
-	return nil, apierrors.NewMethodNotSupported(authenticationv1.Resource("selfsubjectreviews"), "list")
-}
 
 func (selfSubjectReviewREST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
 	if createValidation != nil {

@@ -2,11 +2,13 @@ package apiserver_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 )
@@ -39,5 +41,29 @@ func TestEventSourceFieldSelector(t *testing.T) {
 		if len(list.Items) != 1 || list.Items[0].Name != want {
 			t.Errorf("%s: %d events; want only %s", selector, len(list.Items), want)
 		}
+	}
+
+	// events.k8s.io/v1 selects with its own field names, which Kubernetes maps to the core Event's.
+	for selector, want := range map[string][]string{
+		"reportingController=example.com/ctl": {"new-style"},
+		"regarding.name=p,type=Normal":        {"new-style", "old-style"},
+		"reason=Other":                        nil,
+	} {
+		list, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: selector})
+		if err != nil {
+			t.Fatalf("events.k8s.io %s: %v", selector, err)
+		}
+		var got []string
+		for _, e := range list.Items {
+			got = append(got, e.Name)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("events.k8s.io %s: %v; want %v", selector, got, want)
+		}
+	}
+	// A core field name is not one of events.k8s.io's: 400, as on kube-apiserver.
+	_, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "source=kubelet"})
+	if !apierrors.IsBadRequest(err) {
+		t.Errorf("events.k8s.io source=: %v; want 400", err)
 	}
 }

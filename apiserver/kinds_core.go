@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	metav1validation "k8s.io/apimachinery/pkg/apis/meta/v1/validation"
 	"k8s.io/apimachinery/pkg/fields"
@@ -340,6 +341,20 @@ func eventFields(o runtime.Object) fields.Set {
 		"involvedObject.apiVersion": e.InvolvedObject.APIVersion, "involvedObject.resourceVersion": e.InvolvedObject.ResourceVersion,
 		"involvedObject.fieldPath": e.InvolvedObject.FieldPath, "reason": e.Reason, "reportingComponent": e.ReportingController,
 		"source": source, "type": e.Type,
+	}
+}
+
+// eventsV1Fields are the attributes of an events.k8s.io/v1 Event, under the core Event's field names, to
+// which Kubernetes' field label conversion maps that group's selectors (regarding.name is
+// involvedObject.name, reportingController is reportingComponent).
+func eventsV1Fields(o runtime.Object) fields.Set {
+	e := o.(*eventsv1.Event)
+	return fields.Set{
+		"involvedObject.kind": e.Regarding.Kind, "involvedObject.namespace": e.Regarding.Namespace,
+		"involvedObject.name": e.Regarding.Name, "involvedObject.uid": string(e.Regarding.UID),
+		"involvedObject.apiVersion": e.Regarding.APIVersion, "involvedObject.resourceVersion": e.Regarding.ResourceVersion,
+		"involvedObject.fieldPath": e.Regarding.FieldPath, "reason": e.Reason, "reportingComponent": e.ReportingController,
+		"type": e.Type,
 	}
 }
 

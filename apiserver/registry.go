@@ -29,6 +29,7 @@ import (
 	"k8s.io/apiserver/pkg/registry/generic"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	"k8s.io/apiserver/pkg/registry/rest"
+	eventsv1internal "k8s.io/kubernetes/pkg/apis/events/v1"
 	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 )
 
@@ -62,6 +63,9 @@ type kind struct {
 	validateUpdate func(obj, old runtime.Object) field.ErrorList
 	fields         func(obj runtime.Object) fields.Set // field-selector attributes beyond metadata.name/namespace
 	fieldNames     []string                            // the names fields returns, for label conversion
+	// fieldLabels, when set, registers the kind's field label conversion in place of one from fieldNames: a
+	// kind whose selectors name fields differently from the attributes fields returns (events.k8s.io).
+	fieldLabels func(*runtime.Scheme) error
 	// columns are the table's columns. When nil, kube's printers make the table of a kind that runs kube's
 	// strategies (kubetables.go), and NAME and AGE that of any other.
 	columns    []column
@@ -179,7 +183,8 @@ var kinds = []*kind{
 
 	// events.k8s.io/v1: the core Events, in the newer shape, from the same storage.
 	{gv: eventsv1.SchemeGroupVersion, resource: "events", singular: "event", namespaced: true, newFunc: obj[eventsv1.Event](), newListFunc: obj[eventsv1.EventList](),
-		shortNames: []string{"ev"}, ttlSeconds: 3600, storageGV: &corev1.SchemeGroupVersion},
+		shortNames: []string{"ev"}, ttlSeconds: 3600, storageGV: &corev1.SchemeGroupVersion,
+		fields: eventsV1Fields, fieldLabels: eventsv1internal.AddFieldLabelConversionsForEvent},
 
 	// coordination.k8s.io/v1
 	{gv: coordinationv1.SchemeGroupVersion, resource: "leases", singular: "lease", namespaced: true, newFunc: obj[coordinationv1.Lease](), newListFunc: obj[coordinationv1.LeaseList](),
@@ -239,6 +244,10 @@ var kinds = []*kind{
 func registerFieldLabels() {
 	for _, k := range kinds {
 		k := k
+		if k.fieldLabels != nil {
+			utilruntime.Must(k.fieldLabels(Scheme))
+			continue
+		}
 		gvk := k.gv.WithKind(kindName(k))
 		allowed := map[string]bool{"metadata.name": true}
 		if k.namespaced {
