@@ -200,6 +200,15 @@ func TestJobValidation(t *testing.T) {
 	nfs.Spec.JobTemplate.Spec.Template.Spec.Volumes = nfsVolume
 	_, err = crons.Create(ctx, nfs, metav1.CreateOptions{})
 	invalidAt(t, "a volume the agents do not mount", err, "spec.jobTemplate.spec.template.spec.volumes[0]")
+
+	// Privileged containers are allowed in templates as in pods (kube-apiserver --allow-privileged, as kubeadm
+	// sets it): PodSecurity admission is where a namespace forbids them.
+	privileged := batchJob("privileged", func(j *batchv1.Job) {
+		j.Spec.Template.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: ptr(true)}
+	})
+	if _, err := jobs.Create(ctx, privileged, metav1.CreateOptions{}); err != nil {
+		t.Errorf("a Job of privileged pods: %v", err)
+	}
 }
 
 // Job status follows kube's rules: a write to the resource keeps the old status; through /status the

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apiserver/pkg/registry/rest"
 	"k8s.io/kubernetes/pkg/apis/core"
 	kubecorev1 "k8s.io/kubernetes/pkg/apis/core/v1"
+	"k8s.io/kubernetes/pkg/capabilities"
 	"sigs.k8s.io/structured-merge-diff/v6/fieldpath"
 )
 
@@ -23,6 +24,13 @@ import (
 //
 // To give a kind kube's strategies: register kube's internal types of its group and kube's v1 conversions
 // and defaults in kubeScheme (from the group's file), and set the row's kube field to a kubeStrategies value.
+
+// Kube's pod validation (of pod templates here) refuses privileged containers unless the process allows them,
+// as kube-apiserver's --allow-privileged does; Skiff's agents run them, its own pod validation admits them, and
+// PodSecurity admission is where a cluster forbids them, as on kubeadm and k3s clusters.
+func init() {
+	capabilities.Initialize(capabilities.Capabilities{AllowPrivileged: true})
+}
 
 // kubeScheme knows kube's internal types of the groups whose strategies Skiff runs, their v1 types, and
 // kube's conversions and defaulting functions between them. Each group's file registers its own.
