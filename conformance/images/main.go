@@ -6,11 +6,9 @@
 // The images are not the upstream ones, byte for byte; they hold what the suite uses of them:
 //   - agnhost (both versions the suite names), kitten and nautilus: the agnhost binary built from the
 //     k8s.io/kubernetes module at /agnhost (with the agnhost-2 link), over a base of busybox applets plus the
-//     host's dig, nslookup, host, curl, OpenBSD nc and bash with their shared libraries; kitten and nautilus add
+//     host's dig, nslookup, host, curl and OpenBSD nc with their shared libraries; kitten and nautilus add
 //     their web pages and run `agnhost test-webserver`.
-//   - busybox: the host's busybox-static with a link for each applet. Its ash drops environment variables
-//     whose names are not shell identifiers (envFrom keys such as data-1), which the suite's env tests
-//     expect `sh -c env` to print; upstream's busybox image keeps them (see docs/CONFORMANCE.md).
+//   - busybox: the host's busybox-static with a link for each applet, and bash as sh (see base).
 //   - glibc-dns-testing: the base with dig, nslookup and host, for the DNS tests' queriers.
 //   - nginx (both versions): the host's nginx (Debian's nginx-light) serving its default page on port 80.
 //   - nonroot: the base, run as user 1234.
@@ -61,7 +59,7 @@ func main() {
 		{[]imageutils.ImageID{imageutils.Agnhost, imageutils.AgnhostPrev}, func() images.Spec { return b.agnhost(*agnhost, nil, nil) }},
 		{[]imageutils.ImageID{imageutils.Kitten}, func() images.Spec { return b.webPages(*agnhost, filepath.Join(*testImages, "kitten", "html")) }},
 		{[]imageutils.ImageID{imageutils.Nautilus}, func() images.Spec { return b.webPages(*agnhost, filepath.Join(*testImages, "nautilus", "html")) }},
-		{[]imageutils.ImageID{imageutils.BusyBox}, b.busybox},
+		{[]imageutils.ImageID{imageutils.BusyBox}, func() images.Spec { return b.base() }},
 		{[]imageutils.ImageID{imageutils.GlibcDnsTesting}, func() images.Spec { return b.base("/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host") }},
 		{[]imageutils.ImageID{imageutils.Nginx, imageutils.NginxNew}, b.nginx},
 		{[]imageutils.ImageID{imageutils.NonRoot}, func() images.Spec { s := b.base(); s.User = "1234"; return s }},
@@ -124,10 +122,13 @@ func (b *builder) busybox() images.Spec {
 // base is busybox plus the given host binaries (with their shared libraries), which replace busybox applets
 // of the same name, and an /etc/passwd and /etc/group that also hold agnhost's user-defined-in-image (1000)
 // and group-defined-in-image (50000).
+//
+// Its sh is the host's bash: the suite's env tests run `sh -c env` and expect variables whose names are not
+// shell identifiers (envFrom keys such as data-1), which bash passes on and Debian's busybox ash drops.
 func (b *builder) base(binaries ...string) images.Spec {
 	spec := b.busybox()
-	host := map[string]bool{}
-	var files []images.File
+	host := map[string]bool{"sh": true}
+	files := append(b.hostBinary("/usr/bin/bash", "/bin/bash"), images.File{Path: "/bin/sh", Link: "bash"})
 	for _, bin := range binaries {
 		host[filepath.Base(bin)] = true
 		files = append(files, b.hostBinary(bin, bin)...)
@@ -149,7 +150,7 @@ func (b *builder) base(binaries ...string) images.Spec {
 
 // agnhost is the agnhost image: the base with agnhost's tools and the binary at /agnhost.
 func (b *builder) agnhost(binary string, extra []images.File, cmd []string) images.Spec {
-	spec := b.base("/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host", "/usr/bin/curl", "/usr/bin/nc", "/usr/bin/bash")
+	spec := b.base("/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host", "/usr/bin/curl", "/usr/bin/nc")
 	spec.Files = dedupe(append(spec.Files, append([]images.File{
 		{Path: "/agnhost", Mode: 0o755, Data: b.read(binary)},
 		{Path: "/agnhost-2", Link: "agnhost"},
