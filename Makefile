@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 PKGS      := ./...
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all setup build lint test unit e2e smoke bench chaos conformance dev up down clean
+.PHONY: all setup build lint test unit e2e smoke bench chaos conformance conformance-smoke dev up down clean
 
 all: build
 
@@ -32,6 +32,7 @@ test: setup build lint
 	$(GO) test -race -count=1 -timeout 15m -skip '^(TestChaos|TestFaults)$$' ./fsm/... ./config/... ./gossip/... ./server/... ./apiserver/... ./scheduler/... ./controller/... ./nodeagent/... ./internal/... ./chaos/...
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m ./e2e/...
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestChaos$$' -timeout 15m ./chaos/ -args -chaos.rounds=4 -chaos.plan=$(CHAOS_SMOKE_PLAN)
+	$(MAKE) --no-print-directory conformance-smoke
 	$(MAKE) --no-print-directory smoke
 
 smoke:
@@ -89,6 +90,10 @@ chaos: setup build
 # here; docs/CONFORMANCE.md. CONFORMANCE_FOCUS=regexp narrows it, CONFORMANCE_KEEP=1 leaves the cluster up.
 conformance: setup build
 	conformance/run.sh
+
+# The conformance smoke `make test` runs: the tests of conformance/smoke.txt, a few from each SIG.
+conformance-smoke: build
+	CONFORMANCE_TESTS=conformance/smoke.txt CONFORMANCE_TIMEOUT=15m conformance/run.sh
 
 # A local HA cluster: three servers and two node agents, each in its own network namespace on this machine.
 # `make down` removes it (processes, pods, namespaces, the bridge) and its .skiff directory.

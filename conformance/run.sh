@@ -7,6 +7,8 @@
 # e2e.log and junit_01.xml. It prints "N passed, M failed" and exits non-zero if a test failed.
 #
 #   CONFORMANCE_FOCUS   a regular expression narrowing the tests by name (default: all of them)
+#   CONFORMANCE_TESTS   a file of test names, one per line (# comments), to run instead (conformance/smoke.txt)
+#   CONFORMANCE_TIMEOUT how long each part may run (default 4h)
 #   CONFORMANCE_SKIP    a regular expression of tests to leave out (default: none)
 #   CONFORMANCE_NODES   parallel ginkgo processes for the parallel part (default 4)
 #   CONFORMANCE_DIR     where builds, the cluster and results go (default .conformance)
@@ -20,6 +22,11 @@ dir=$(realpath -m "${CONFORMANCE_DIR:-.conformance}")
 focus=${CONFORMANCE_FOCUS:-.}
 skip=${CONFORMANCE_SKIP:-}
 nodes=${CONFORMANCE_NODES:-4}
+timeout=${CONFORMANCE_TIMEOUT:-4h}
+if [ -n "${CONFORMANCE_TESTS:-}" ]; then
+	# Each name is matched literally: regular expression characters are escaped.
+	focus=$(grep -v '^#' "$CONFORMANCE_TESTS" | grep -v '^$' | sed 's/[][().*+?^$|{}\\]/\\&/g' | paste -sd'|')
+fi
 kube=v1.37.2
 bin=$dir/bin
 results=$dir/results
@@ -70,7 +77,7 @@ run() { # run NAME LABEL-FILTER GINKGO-FLAGS...
 	local name=$1 filter=$2
 	shift 2
 	log "running the $name part"
-	local args=(--no-color --timeout=4h --label-filter="$filter" --focus="$focus" "$@")
+	local args=(--no-color --timeout="$timeout" --label-filter="$filter" --focus="$focus" "$@")
 	[ -n "$skip" ] && args+=(--skip="$skip")
 	"$bin/ginkgo" "${args[@]}" "$bin/e2e.test" -- "${e2e_args[@]}" --report-dir="$results/$name" || true
 }
