@@ -72,11 +72,16 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 	if err != nil {
 		return err
 	}
-	opts, err := r.specOpts(pod, c, img, imgSpec.Config.Entrypoint, imgSpec.Config.Cmd, env, append(podDNSMounts(r.podDir(pod)), mounts...), sb)
+	id := containerID(pod, kind, c.Name, attempt)
+	termination, err := r.terminationMessageMount(pod, c, id)
+	if err != nil {
+		return err
+	}
+	mounts = append(append(podDNSMounts(r.podDir(pod)), mounts...), termination...)
+	opts, err := r.specOpts(pod, c, img, imgSpec.Config.Entrypoint, imgSpec.Config.Cmd, env, mounts, sb)
 	if err != nil {
 		return configError(err)
 	}
-	id := containerID(pod, kind, c.Name, attempt)
 	labels := map[string]string{
 		labelPodUID: string(pod.UID), labelPodName: pod.Name, labelPodNamespace: pod.Namespace,
 		labelKind: kind, labelName: c.Name, labelAttempt: strconv.Itoa(attempt),
@@ -184,6 +189,7 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 					_ = os.Remove(f)
 				}
 				_ = os.RemoveAll(r.containerIODir(pod, old.id))
+				_ = os.Remove(r.terminationMessageFile(pod, old.id))
 			}
 		}
 	}

@@ -936,6 +936,7 @@ func (r *containerdRuntime) containerStatus(pod *corev1.Pod, c *corev1.Container
 	last := recs.latest(kind, c.Name)
 	terminated := func(rec *ctrRecord) *corev1.ContainerStateTerminated {
 		return &corev1.ContainerStateTerminated{ExitCode: int32(rec.exitCode), Reason: rec.reason,
+			Message:   r.terminationMessage(pod, c, rec),
 			StartedAt: metav1.NewTime(rec.startedAt), FinishedAt: metav1.NewTime(rec.finishedAt), ContainerID: "containerd://" + rec.id}
 	}
 	if last == nil || (!last.running && !last.exited) {
