@@ -56,9 +56,9 @@ func main() {
 		images []imageutils.ImageID
 		spec   func() images.Spec
 	}{
-		{[]imageutils.ImageID{imageutils.Agnhost, imageutils.AgnhostPrev}, func() images.Spec { return b.agnhost(*agnhost, nil, nil) }},
-		{[]imageutils.ImageID{imageutils.Kitten}, func() images.Spec { return b.webPages(*agnhost, filepath.Join(*testImages, "kitten", "html")) }},
-		{[]imageutils.ImageID{imageutils.Nautilus}, func() images.Spec { return b.webPages(*agnhost, filepath.Join(*testImages, "nautilus", "html")) }},
+		{[]imageutils.ImageID{imageutils.Agnhost, imageutils.AgnhostPrev}, func() images.Spec { return b.agnhost(*agnhost, *testImages, nil, nil) }},
+		{[]imageutils.ImageID{imageutils.Kitten}, func() images.Spec { return b.webPages(*agnhost, *testImages, "kitten") }},
+		{[]imageutils.ImageID{imageutils.Nautilus}, func() images.Spec { return b.webPages(*agnhost, *testImages, "nautilus") }},
 		{[]imageutils.ImageID{imageutils.BusyBox}, func() images.Spec { return b.base() }},
 		{[]imageutils.ImageID{imageutils.GlibcDnsTesting}, func() images.Spec { return b.base("/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host") }},
 		{[]imageutils.ImageID{imageutils.Nginx, imageutils.NginxNew}, b.nginx},
@@ -148,8 +148,13 @@ func (b *builder) base(binaries ...string) images.Spec {
 	return spec
 }
 
-// agnhost is the agnhost image: the base with agnhost's tools and the binary at /agnhost.
-func (b *builder) agnhost(binary string, extra []images.File, cmd []string) images.Spec {
+// agnhost is the agnhost image: the base with agnhost's tools, the binary at /agnhost, and at / the key pair
+// `agnhost porter` serves TLS with (from testImages/agnhost/porter, as upstream's image has them).
+func (b *builder) agnhost(binary, testImages string, extra []images.File, cmd []string) images.Spec {
+	porter := filepath.Join(testImages, "agnhost", "porter")
+	extra = append(extra,
+		images.File{Path: "/localhost.crt", Mode: 0o644, Data: b.read(filepath.Join(porter, "localhost.crt"))},
+		images.File{Path: "/localhost.key", Mode: 0o644, Data: b.read(filepath.Join(porter, "localhost.key"))})
 	spec := b.base("/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host", "/usr/bin/curl", "/usr/bin/nc")
 	spec.Files = dedupe(append(spec.Files, append([]images.File{
 		{Path: "/agnhost", Mode: 0o755, Data: b.read(binary)},
@@ -164,8 +169,10 @@ func (b *builder) agnhost(binary string, extra []images.File, cmd []string) imag
 	return spec
 }
 
-// webPages is kitten or nautilus: agnhost serving the files of dir from / (test-webserver).
-func (b *builder) webPages(binary, dir string) images.Spec {
+// webPages is kitten or nautilus (name): agnhost serving the files of the image's html directory from /
+// (test-webserver).
+func (b *builder) webPages(binary, testImages, name string) images.Spec {
+	dir := filepath.Join(testImages, name, "html")
 	entries, err := os.ReadDir(dir)
 	if err != nil && b.err == nil {
 		b.err = err
@@ -174,7 +181,7 @@ func (b *builder) webPages(binary, dir string) images.Spec {
 	for _, e := range entries {
 		pages = append(pages, images.File{Path: "/" + e.Name(), Mode: 0o644, Data: b.read(filepath.Join(dir, e.Name()))})
 	}
-	return b.agnhost(binary, pages, []string{"test-webserver"})
+	return b.agnhost(binary, testImages, pages, []string{"test-webserver"})
 }
 
 const nginxConf = `user root;
