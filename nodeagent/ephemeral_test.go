@@ -125,7 +125,7 @@ func TestEphemeralStatus(t *testing.T) {
 	finished := time.Unix(1010, 0)
 	for _, policy := range []corev1.RestartPolicy{corev1.RestartPolicyAlways, corev1.RestartPolicyOnFailure, corev1.RestartPolicyNever} {
 		t.Run(string(policy), func(t *testing.T) {
-			r := &containerdRuntime{waiting: map[types.UID]map[string]corev1.ContainerStateWaiting{}, resync: func(*corev1.Pod, time.Duration) {}}
+			r := &containerdRuntime{cfg: &config.Agent{DataDir: t.TempDir()}, waiting: map[types.UID]map[string]corev1.ContainerStateWaiting{}, resync: func(*corev1.Pod, time.Duration) {}}
 			pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "u1", Name: "p", Namespace: "default"}, Spec: corev1.PodSpec{
 				RestartPolicy: policy,
 				Containers:    []corev1.Container{{Name: "app", Image: "web:1"}},
