@@ -31,8 +31,19 @@ func runDisruptionController(ctx context.Context, c *Clients) {
 		c.Logger.Error("disruption controller not started", "error", err)
 		return
 	}
-	dc := disruption.NewDisruptionController(ctx, f.Core().V1().Pods(), f.Policy().V1().PodDisruptionBudgets(), f.Core().V1().ReplicationControllers(),
-		f.Apps().V1().ReplicaSets(), f.Apps().V1().Deployments(), f.Apps().V1().StatefulSets(), c.Kube, mapper, scales, c.Discovery)
+	// The pod and PodDisruptionBudget handlers read listers the constructor sets after registering them: they
+	// are added once it has returned (see deferredInformer).
+	pods := deferHandlers(f.Core().V1().Pods().Informer())
+	pdbs := deferHandlers(f.Policy().V1().PodDisruptionBudgets().Informer())
+	dc := disruption.NewDisruptionController(ctx, deferredPods{f.Core().V1().Pods(), pods}, deferredPDBs{f.Policy().V1().PodDisruptionBudgets(), pdbs},
+		f.Core().V1().ReplicationControllers(), f.Apps().V1().ReplicaSets(), f.Apps().V1().Deployments(), f.Apps().V1().StatefulSets(),
+		c.Kube, mapper, scales, c.Discovery)
+	for _, d := range []*deferredInformer{pods, pdbs} {
+		if err := d.register(); err != nil {
+			c.Logger.Error("disruption controller not started", "error", err)
+			return
+		}
+	}
 	// The manager may have started the factory before this controller asked for its informers.
 	f.Start(ctx.Done())
 	dc.Run(ctx, disruptionWorkers)
