@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/rpc"
+	"reflect"
 	"strings"
 	"sync"
 	"time"
@@ -192,13 +193,18 @@ func (e *dialError) Unwrap() error { return e.err }
 // call runs one RPC with ctx's deadline. A broken connection is dropped from the pool.
 // A call that finds its pooled connection already shut down was never sent, so it is retried once on a
 // fresh connection rather than failed.
+//
+// net/rpc decodes the answer into a value of its own, copied to reply only when the call ends here: a call
+// given up at ctx's deadline may still be answered, and net/rpc would then write into reply while the
+// caller reads it.
 func (p *rpcPool) call(ctx context.Context, addr, method string, args, reply any) error {
 	for attempt := 0; ; attempt++ {
 		c, err := p.get(addr)
 		if err != nil {
 			return err
 		}
-		call := c.Go(method, args, reply, make(chan *rpc.Call, 1))
+		answer := reflect.New(reflect.TypeOf(reply).Elem())
+		call := c.Go(method, args, answer.Interface(), make(chan *rpc.Call, 1))
 		// net/rpc ends a call with ErrShutdown both when it refuses to send it (at once, inside Go) and when
 		// the connection closes while the call waits for its answer: only the first is safe to send again.
 		endedInGo := false
@@ -217,6 +223,9 @@ func (p *rpcPool) call(ctx context.Context, addr, method string, args, reply any
 		}
 		if endedInGo && call.Error == rpc.ErrShutdown && attempt == 0 {
 			continue
+		}
+		if call.Error == nil {
+			reflect.ValueOf(reply).Elem().Set(answer.Elem())
 		}
 		return fromWire(call.Error)
 	}
