@@ -16,47 +16,40 @@ const (
 	ttlWorkers     = 5
 )
 
-// runJobController runs Kubernetes' Job controller: pods from the template up to parallelism until
+// buildJobController builds Kubernetes' Job controller: pods from the template up to parallelism until
 // completions succeed (NonIndexed, or Indexed with each pod's index in the batch.kubernetes.io/
 // job-completion-index annotation, JOB_COMPLETION_INDEX and the hostname <job>-<index>), failed pods
 // replaced after the exponential backoff (10 s doubling to 6 min) until backoffLimit or
 // backoffLimitPerIndex, podFailurePolicy, successPolicy, activeDeadlineSeconds and suspend; the
 // batch.kubernetes.io/job-tracking finalizer on each pod until the Job's status has counted it; status and
 // the conditions Complete, Failed, SuccessCriteriaMet, FailureTarget and Suspended.
-func runJobController(ctx context.Context, c *Clients) {
+func buildJobController(ctx context.Context, c *Clients) (func(), error) {
 	f := c.Informers
 	// The Workload and PodGroup informers are for the alpha WorkloadWithJob feature, which is off.
 	jc, err := job.NewController(ctx, c.Kube, f.Core().V1().Pods(), f.Batch().V1().Jobs(), nil, nil)
 	if err != nil {
-		c.Logger.Error("job controller not started", "error", err)
-		return
+		return nil, err
 	}
-	// The manager may have started the factory before this controller asked for its informers.
-	f.Start(ctx.Done())
-	jc.Run(ctx, jobWorkers)
+	return func() { jc.Run(ctx, jobWorkers) }, nil
 }
 
-// runCronJobController runs Kubernetes' CronJob controller (v2): a Job from the template at each time of
+// buildCronJobController builds Kubernetes' CronJob controller (v2): a Job from the template at each time of
 // the schedule (cron syntax and its @hourly-style macros, in spec.timeZone or the server's zone), missed
 // times started late within startingDeadlineSeconds, concurrencyPolicy Allow, Forbid (skip a run while one
 // is active) or Replace, suspend, and the successful and failed history limits.
-func runCronJobController(ctx context.Context, c *Clients) {
+func buildCronJobController(ctx context.Context, c *Clients) (func(), error) {
 	f := c.Informers
 	cc, err := cronjob.NewControllerV2(ctx, f.Batch().V1().Jobs(), f.Batch().V1().CronJobs(), c.Kube)
 	if err != nil {
-		c.Logger.Error("cronjob controller not started", "error", err)
-		return
+		return nil, err
 	}
-	f.Start(ctx.Done())
-	cc.Run(ctx, cronJobWorkers)
+	return func() { cc.Run(ctx, cronJobWorkers) }, nil
 }
 
-// runTTLAfterFinishedController runs Kubernetes' TTL-after-finished controller: a finished Job (Complete or
+// buildTTLAfterFinishedController builds Kubernetes' TTL-after-finished controller: a finished Job (Complete or
 // Failed) with spec.ttlSecondsAfterFinished is deleted that long after it finished, with foreground
 // propagation, so its pods go first.
-func runTTLAfterFinishedController(ctx context.Context, c *Clients) {
-	f := c.Informers
-	tc := ttlafterfinished.New(ctx, f.Batch().V1().Jobs(), c.Kube)
-	f.Start(ctx.Done())
-	tc.Run(ctx, ttlWorkers)
+func buildTTLAfterFinishedController(ctx context.Context, c *Clients) (func(), error) {
+	tc := ttlafterfinished.New(ctx, c.Informers.Batch().V1().Jobs(), c.Kube)
+	return func() { tc.Run(ctx, ttlWorkers) }, nil
 }

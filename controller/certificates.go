@@ -23,7 +23,7 @@ type CertificateSigning struct {
 	Duration time.Duration
 }
 
-// runCertificateControllers runs Kubernetes' own CSR controllers, as kube-controller-manager runs them:
+// buildCertificateControllers builds Kubernetes' own CSR controllers, as kube-controller-manager runs them:
 //   - the approver approves node client certificates (signer kubernetes.io/kube-apiserver-client-kubelet,
 //     CN system:node:<name>, O system:nodes) when a SubjectAccessReview says the requester may create
 //     certificatesigningrequests/nodeclient (bootstrap tokens) or, renewing its own, /selfnodeclient (nodes);
@@ -31,10 +31,10 @@ type CertificateSigning struct {
 //     kubelet-serving from the cluster CA;
 //   - the cleaner deletes requests once they are old (issued after an hour, denied or failed after an
 //     hour, pending after a day, and any whose certificate has expired).
-func runCertificateControllers(ctx context.Context, c *Clients) {
+func buildCertificateControllers(ctx context.Context, c *Clients) (func(), error) {
 	if c.CertificateSigning.CAFile == "" {
 		c.Logger.Info("no cluster CA files: certificate signing off")
-		return
+		return nil, nil
 	}
 	duration := c.CertificateSigning.Duration
 	if duration <= 0 {
@@ -59,11 +59,11 @@ func runCertificateControllers(ctx context.Context, c *Clients) {
 		}
 		runners = append(runners, s)
 	}
-	// The manager may have started the factory before this controller asked for its informer.
-	c.Informers.Start(ctx.Done())
-	var wg sync.WaitGroup
-	for _, r := range runners {
-		wg.Go(func() { r.Run(ctx, 1) })
-	}
-	wg.Wait()
+	return func() {
+		var wg sync.WaitGroup
+		for _, r := range runners {
+			wg.Go(func() { r.Run(ctx, 1) })
+		}
+		wg.Wait()
+	}, nil
 }

@@ -38,7 +38,7 @@ type deploymentController struct {
 	now         func() time.Time
 }
 
-// runDeploymentController reconciles Deployments as Kubernetes' Deployment controller does. Informer events
+// buildDeploymentController builds the controller that reconciles Deployments as Kubernetes' Deployment controller does. Informer events
 // for Deployments, their ReplicaSets, and (for Recreate) pod deletes queue the Deployment's key;
 // deploymentWorkers workers take keys from the queue, and each sync goes:
 //  1. a Deployment that is gone: nothing to do (the garbage collector removes its ReplicaSets); one that
@@ -57,7 +57,7 @@ type deploymentController struct {
 //     new one up;
 //  7. once complete, delete the oldest zero-sized ReplicaSets beyond revisionHistoryLimit, and write the
 //     status and conditions, looking again at the progress deadline when no progress shows.
-func runDeploymentController(ctx context.Context, c *Clients) {
+func buildDeploymentController(ctx context.Context, c *Clients) (func(), error) {
 	deployments := c.Informers.Apps().V1().Deployments()
 	replicaSets := c.Informers.Apps().V1().ReplicaSets()
 	pods := c.Informers.Core().V1().Pods()
@@ -83,7 +83,9 @@ func runDeploymentController(ctx context.Context, c *Clients) {
 		DeleteFunc: dc.replicaSetDeleted,
 	})
 	pods.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{DeleteFunc: dc.podDeleted})
-	dc.queue.run(ctx, c, deployments.Informer().HasSynced, replicaSets.Informer().HasSynced, pods.Informer().HasSynced)
+	return func() {
+		dc.queue.run(ctx, c, deployments.Informer().HasSynced, replicaSets.Informer().HasSynced, pods.Informer().HasSynced)
+	}, nil
 }
 
 // Event handlers. Their job is to queue the Deployments whose ReplicaSets (or, for Recreate, pods) changed.

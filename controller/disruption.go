@@ -13,7 +13,7 @@ import (
 // disruptionWorkers is kube-controller-manager's default for the disruption controller (one worker).
 const disruptionWorkers = 1
 
-// runDisruptionController runs Kubernetes' own disruption controller, as kube-controller-manager runs it:
+// buildDisruptionController builds Kubernetes' own disruption controller, as kube-controller-manager runs it:
 // for each PodDisruptionBudget it counts the healthy (Ready) pods its selector matches, the number it
 // needs (minAvailable, or the expected count less maxUnavailable, a percentage of the pods' controllers'
 // scale: Deployments, ReplicaSets, ReplicationControllers and StatefulSets from their informers, any other
@@ -21,30 +21,17 @@ const disruptionWorkers = 1
 // DisruptionAllowed condition to its status. It also drops from status.disruptedPods the pods the eviction
 // subresource recorded once they are deleted (or after two minutes if they never are), and clears a stale
 // DisruptionTarget condition from pods that were not deleted after all.
-func runDisruptionController(ctx context.Context, c *Clients) {
+func buildDisruptionController(ctx context.Context, c *Clients) (func(), error) {
 	f := c.Informers
 	// The scale client finds a kind's scale subresource through discovery, as kube-controller-manager's
 	// RESTMapper does; the mapper rereads discovery when it meets a kind it does not know.
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.Discovery))
 	scales, err := scale.NewForConfig(c.config, mapper, dynamic.LegacyAPIPathResolverFunc, scale.NewDiscoveryScaleKindResolver(c.Discovery))
 	if err != nil {
-		c.Logger.Error("disruption controller not started", "error", err)
-		return
+		return nil, err
 	}
-	// The pod and PodDisruptionBudget handlers read listers the constructor sets after registering them: they
-	// are added once it has returned (see deferredInformer).
-	pods := deferHandlers(f.Core().V1().Pods().Informer())
-	pdbs := deferHandlers(f.Policy().V1().PodDisruptionBudgets().Informer())
-	dc := disruption.NewDisruptionController(ctx, deferredPods{f.Core().V1().Pods(), pods}, deferredPDBs{f.Policy().V1().PodDisruptionBudgets(), pdbs},
+	dc := disruption.NewDisruptionController(ctx, f.Core().V1().Pods(), f.Policy().V1().PodDisruptionBudgets(),
 		f.Core().V1().ReplicationControllers(), f.Apps().V1().ReplicaSets(), f.Apps().V1().Deployments(), f.Apps().V1().StatefulSets(),
 		c.Kube, mapper, scales, c.Discovery)
-	for _, d := range []*deferredInformer{pods, pdbs} {
-		if err := d.register(); err != nil {
-			c.Logger.Error("disruption controller not started", "error", err)
-			return
-		}
-	}
-	// The manager may have started the factory before this controller asked for its informers.
-	f.Start(ctx.Done())
-	dc.Run(ctx, disruptionWorkers)
+	return func() { dc.Run(ctx, disruptionWorkers) }, nil
 }

@@ -51,7 +51,7 @@ type endpointsController struct {
 	logger       hclog.Logger
 }
 
-// runEndpointsController reconciles Endpoints. It is queued as the EndpointSlice controller is (Service
+// buildEndpointsController builds the controller that reconciles Endpoints. It is queued as the EndpointSlice controller is (Service
 // events at once, pod events paced by serviceSyncInterval unless they take an endpoint out of service), and
 // also when an Endpoints object it should own is deleted. Each sync of a Service goes:
 //  1. a Service that is gone: delete its Endpoints;
@@ -60,9 +60,9 @@ type endpointsController struct {
 //  3. compute the subsets from the selected pods (see endpointSubsets), packed as Kubernetes packs them and
 //     truncated to maxEndpointsAddresses;
 //  4. create or update the Endpoints when the subsets, labels or over-capacity annotation differ.
-func runEndpointsController(ctx context.Context, c *Clients) {
+func buildEndpointsController(ctx context.Context, c *Clients) (func(), error) {
 	e, synced := newEndpointsController(c)
-	e.queue.runWhenSynced(ctx, c, synced, e.logger, e.sync)
+	return func() { e.queue.runWhenSynced(ctx, c, synced, e.logger, e.sync) }, nil
 }
 
 // newEndpointsController builds the controller and registers its informer handlers; it returns what must

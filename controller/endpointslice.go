@@ -66,7 +66,7 @@ type endpointSliceController struct {
 	logger       hclog.Logger
 }
 
-// runEndpointSliceController reconciles the EndpointSlices of Services. Service events queue the Service
+// buildEndpointSliceController builds the controller that reconciles the EndpointSlices of Services. Service events queue the Service
 // at once; pod events queue the Services that select the pod (old labels and new), paced by
 // serviceSyncInterval; changes to managed slices that the controller did not make itself queue their
 // Service after endpointSliceChangeDelay. Each sync of a Service goes:
@@ -76,9 +76,9 @@ type endpointSliceController struct {
 //     seen this controller's own last writes (the tracker says so), retry later rather than act on it;
 //  3. let the reconciler create, update and delete slices; on failure, record FailedToUpdateEndpointSlices
 //     on the Service and retry with backoff.
-func runEndpointSliceController(ctx context.Context, c *Clients) {
+func buildEndpointSliceController(ctx context.Context, c *Clients) (func(), error) {
 	e, synced := newEndpointSliceController(c)
-	e.queue.runWhenSynced(ctx, c, synced, e.logger, e.sync)
+	return func() { e.queue.runWhenSynced(ctx, c, synced, e.logger, e.sync) }, nil
 }
 
 // newEndpointSliceController builds the controller and registers its informer handlers; it returns what

@@ -12,16 +12,14 @@ const (
 	mirroringMaxEndpointsPerSubset = 1000
 )
 
-// runEndpointSliceMirroring runs Kubernetes' own EndpointSlice mirroring controller: the Endpoints of a
+// buildEndpointSliceMirroring builds Kubernetes' own EndpointSlice mirroring controller: the Endpoints of a
 // Service without a selector, which a user or another controller writes by hand, are mirrored into
 // EndpointSlices (managed by endpointslicemirroring-controller.k8s.io), so that the service proxy and DNS,
 // which read slices only, route to them. Endpoints of Services with a selector are the endpoints
 // controller's and are not mirrored.
-func runEndpointSliceMirroring(ctx context.Context, c *Clients) {
+func buildEndpointSliceMirroring(ctx context.Context, c *Clients) (func(), error) {
 	f := c.Informers
 	mc := endpointslicemirroring.NewController(ctx, f.Core().V1().Endpoints(), f.Discovery().V1().EndpointSlices(), f.Core().V1().Services(),
 		mirroringMaxEndpointsPerSubset, c.Kube, 0)
-	// The manager may have started the factory before this controller asked for its informers.
-	f.Start(ctx.Done())
-	mc.Run(ctx, mirroringWorkers)
+	return func() { mc.Run(ctx, mirroringWorkers) }, nil
 }

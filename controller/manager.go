@@ -109,36 +109,52 @@ func (c *Clients) recorderFor(component string) record.EventRecorder {
 	return c.broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: component})
 }
 
-// controllers is the table of controllers the manager runs.
-var controllers = []struct {
+// buildFunc builds a controller: it asks the shared factory for its informers and registers its event
+// handlers, and returns what runs it until ctx ends (nil: the controller is off, as configured). The manager
+// builds every controller before it starts the shared informers, as kube-controller-manager does: Kubernetes'
+// constructors register handlers before they set the listers those handlers read (the disruption
+// controller's pod handler and its PodDisruptionBudget lister), so an informer already running could call
+// one too early.
+type buildFunc func(ctx context.Context, c *Clients) (run func(), err error)
+
+// runsAlone is a buildFunc for a controller that asks for its informers as it runs and starts them itself.
+func runsAlone(run func(ctx context.Context, c *Clients)) buildFunc {
+	return func(ctx context.Context, c *Clients) (func(), error) { return func() { run(ctx, c) }, nil }
+}
+
+// controllerEntry is a row of the controller table.
+type controllerEntry struct {
 	name string
 	// serviceAccount is the identity the controller acts as, Kubernetes' name for the same controller.
 	serviceAccount string
-	run            func(ctx context.Context, c *Clients)
-}{
-	{"namespace", "namespace-controller", runNamespaceController},
-	{"garbage-collector", "generic-garbage-collector", runGarbageCollector},
-	{"serviceaccount", "service-account-controller", runServiceAccountController},
-	{"node-lifecycle", "node-controller", runNodeLifecycle},
-	{"replicaset", "replicaset-controller", runReplicaSetController},
-	{"replicationcontroller", "replication-controller", runReplicationManager},
-	{"deployment", "deployment-controller", runDeploymentController},
-	{"daemonset", "daemon-set-controller", runDaemonSetController},
-	{"statefulset", "statefulset-controller", runStatefulSetController},
-	{"endpointslice", "endpointslice-controller", runEndpointSliceController},
-	{"endpoints", "endpoint-controller", runEndpointsController},
-	{"endpointslicemirroring", "endpointslicemirroring-controller", runEndpointSliceMirroring},
-	{"clusterrole-aggregation", "clusterrole-aggregation-controller", runClusterRoleAggregation},
-	{"root-ca-cert-publisher", "root-ca-cert-publisher", runRootCACertPublisher},
-	{"certificates", "certificate-controller", runCertificateControllers},
-	{"job", "job-controller", runJobController},
-	{"cronjob", "cronjob-controller", runCronJobController},
-	{"ttl-after-finished", "ttl-after-finished-controller", runTTLAfterFinishedController},
-	{"disruption", "disruption-controller", runDisruptionController},
-	{"persistentvolume-binder", "persistent-volume-binder", runPersistentVolumeBinder},
-	{"pvc-protection", "pvc-protection-controller", runPVCProtection},
-	{"pv-protection", "pv-protection-controller", runPVProtection},
-	{"resourcequota", "resourcequota-controller", runResourceQuotaController},
+	build          buildFunc
+}
+
+// controllers is the table of controllers the manager runs.
+var controllers = []controllerEntry{
+	{"namespace", "namespace-controller", buildNamespaceController},
+	{"garbage-collector", "generic-garbage-collector", runsAlone(runGarbageCollector)},
+	{"serviceaccount", "service-account-controller", buildServiceAccountController},
+	{"node-lifecycle", "node-controller", runsAlone(runNodeLifecycle)},
+	{"replicaset", "replicaset-controller", buildReplicaSetController},
+	{"replicationcontroller", "replication-controller", buildReplicationManager},
+	{"deployment", "deployment-controller", buildDeploymentController},
+	{"daemonset", "daemon-set-controller", buildDaemonSetController},
+	{"statefulset", "statefulset-controller", buildStatefulSetController},
+	{"endpointslice", "endpointslice-controller", buildEndpointSliceController},
+	{"endpoints", "endpoint-controller", buildEndpointsController},
+	{"endpointslicemirroring", "endpointslicemirroring-controller", buildEndpointSliceMirroring},
+	{"clusterrole-aggregation", "clusterrole-aggregation-controller", buildClusterRoleAggregation},
+	{"root-ca-cert-publisher", "root-ca-cert-publisher", buildRootCACertPublisher},
+	{"certificates", "certificate-controller", buildCertificateControllers},
+	{"job", "job-controller", buildJobController},
+	{"cronjob", "cronjob-controller", buildCronJobController},
+	{"ttl-after-finished", "ttl-after-finished-controller", buildTTLAfterFinishedController},
+	{"disruption", "disruption-controller", buildDisruptionController},
+	{"persistentvolume-binder", "persistent-volume-binder", buildPersistentVolumeBinder},
+	{"pvc-protection", "pvc-protection-controller", buildPVCProtection},
+	{"pv-protection", "pv-protection-controller", buildPVProtection},
+	{"resourcequota", "resourcequota-controller", buildResourceQuotaController},
 }
 
 // podsByNode names the pod informer's index by spec.nodeName.
@@ -178,25 +194,43 @@ func Run(ctx context.Context, c *Clients) {
 		c.Logger.Error("informer indexes: controllers not started", "error", err)
 		return
 	}
+	runControllers(ctx, c, controllers)
+	c.Informers.Shutdown()
+	c.broadcaster.Shutdown()
+}
+
+// runControllers builds every controller of table, each with the clients of its identity, then starts the
+// shared informers, then runs the controllers until ctx ends.
+func runControllers(ctx context.Context, c *Clients, table []controllerEntry) {
 	var wg sync.WaitGroup
-	for _, ctl := range controllers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			own, err := c.actingAs(ctl.serviceAccount)
+	var runs []func()
+	for _, ctl := range table {
+		own, err := c.actingAs(ctl.serviceAccount)
+		if err != nil {
+			c.Logger.Error("controller not started: no clients for its identity", "controller", ctl.name, "error", err)
+			continue
+		}
+		run, err := ctl.build(ctx, own)
+		if err != nil || run == nil {
 			if err != nil {
-				c.Logger.Error("controller not started: no clients for its identity", "controller", ctl.name, "error", err)
-				return
+				c.Logger.Error("controller not started", "controller", ctl.name, "error", err)
 			}
+			if own != c {
+				own.broadcaster.Shutdown()
+			}
+			continue
+		}
+		runs = append(runs, func() {
 			if own != c {
 				defer own.broadcaster.Shutdown()
 			}
 			c.Logger.Info("controller starting", "controller", ctl.name, "as", ctl.serviceAccount)
-			ctl.run(ctx, own)
-		}()
+			run()
+		})
 	}
 	c.Informers.Start(ctx.Done())
+	for _, run := range runs {
+		wg.Go(run)
+	}
 	wg.Wait()
-	c.Informers.Shutdown()
-	c.broadcaster.Shutdown()
 }

@@ -17,7 +17,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 )
 
-// runNamespaceController empties terminating namespaces, then removes the "kubernetes" finalizer through the
+// buildNamespaceController builds the controller that empties terminating namespaces, then removes the "kubernetes" finalizer through the
 // finalize subresource, which lets the API server remove the namespace.
 //
 // For each namespace with a deletionTimestamp:
@@ -29,7 +29,7 @@ import (
 //     finalizers hold it);
 //  5. when none is left, finalize; otherwise requeue and look again shortly (pods with a grace period take
 //     that long to go).
-func runNamespaceController(ctx context.Context, c *Clients) {
+func buildNamespaceController(ctx context.Context, c *Clients) (func(), error) {
 	informer := c.Informers.Core().V1().Namespaces().Informer()
 	queue := newKeyQueue(queueConfig{what: "namespace", logger: c.Logger.Named("namespace"),
 		sync: func(ctx context.Context, name string) (time.Duration, error) {
@@ -48,7 +48,7 @@ func runNamespaceController(ctx context.Context, c *Clients) {
 		AddFunc:    enqueue,
 		UpdateFunc: func(_, obj interface{}) { enqueue(obj) },
 	})
-	queue.run(ctx, c, informer.HasSynced)
+	return func() { queue.run(ctx, c, informer.HasSynced) }, nil
 }
 
 var podsResource = schema.GroupVersionResource{Version: "v1", Resource: "pods"}

@@ -51,7 +51,7 @@ type replicaSetController struct {
 	logger       hclog.Logger
 }
 
-// runReplicaSetController reconciles ReplicaSets as Kubernetes' ReplicaSet controller does. Informer events
+// buildReplicaSetController builds the controller that reconciles ReplicaSets as Kubernetes' ReplicaSet controller does. Informer events
 // for ReplicaSets and their pods queue the ReplicaSet's key; replicaSetWorkers workers take keys from the
 // queue (never one key to two workers at once), and each sync goes:
 //  1. a ReplicaSet that is gone: forget what was expected of it (the garbage collector removes its pods);
@@ -61,7 +61,7 @@ type replicaSetController struct {
 //     the surplus, the pods least worth keeping first;
 //  4. write the status (replicas, ready, available, ReplicaFailure) when it changed, and look again when a
 //     ready pod will have been ready for minReadySeconds.
-func runReplicaSetController(ctx context.Context, c *Clients) {
+func buildReplicaSetController(ctx context.Context, c *Clients) (func(), error) {
 	replicaSets := c.Informers.Apps().V1().ReplicaSets()
 	pods := c.Informers.Core().V1().Pods()
 	recorder := c.recorderFor("replicaset-controller")
@@ -84,7 +84,7 @@ func runReplicaSetController(ctx context.Context, c *Clients) {
 		UpdateFunc: r.podUpdated,
 		DeleteFunc: r.podDeleted,
 	})
-	r.queue.run(ctx, c, replicaSets.Informer().HasSynced, pods.Informer().HasSynced)
+	return func() { r.queue.run(ctx, c, replicaSets.Informer().HasSynced, pods.Informer().HasSynced) }, nil
 }
 
 func (r *replicaSetController) enqueue(rs *appsv1.ReplicaSet) { r.queue.add(replicaSetKey(rs)) }

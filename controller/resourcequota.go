@@ -23,20 +23,19 @@ const (
 	quotaDiscoveryPeriod = 30 * time.Second
 )
 
-// runResourceQuotaController runs Kubernetes' own resource quota controller, as kube-controller-manager runs
+// buildResourceQuotaController builds Kubernetes' own resource quota controller, as kube-controller-manager runs
 // it: it recomputes each ResourceQuota's status.used (and status.hard) from the objects that exist, when a
 // quota changes, when an object it counts goes away, and every five minutes, so that what a refused or failed
 // create charged at admission is given back. It counts with the evaluators the API's admission uses
 // (internal/quotaconfig), and count/<resource>.<group> of every other namespaced kind through
 // metadata informers.
-func runResourceQuotaController(ctx context.Context, c *Clients) {
+func buildResourceQuotaController(ctx context.Context, c *Clients) (func(), error) {
 	f := c.Informers
 	meta := metadatainformer.NewSharedInformerFactory(c.Metadata, 0)
 	objectOrMetadata := informerfactory.NewInformerFactory(f, meta)
 	config, err := quotaconfig.New(f, generic.ListerFuncForResourceFunc(objectOrMetadata.ForResource))
 	if err != nil {
-		c.Logger.Error("resource quota controller not started", "error", err)
-		return
+		return nil, err
 	}
 	started := make(chan struct{})
 	discovery := c.Discovery.ServerPreferredNamespacedResources
@@ -54,13 +53,15 @@ func runResourceQuotaController(ctx context.Context, c *Clients) {
 		UpdateFilter:              quotainstall.DefaultUpdateFilter(),
 	})
 	if err != nil {
-		c.Logger.Error("resource quota controller not started", "error", err)
-		return
+		return nil, err
 	}
-	f.Start(ctx.Done())
-	meta.Start(ctx.Done())
-	close(started)
-	go ctl.Sync(ctx, discovery, quotaDiscoveryPeriod)
-	ctl.Run(ctx, quotaWorkers)
-	meta.Shutdown()
+	return func() {
+		// The manager has started the shared factory; the metadata informers for other kinds are this
+		// controller's own.
+		meta.Start(ctx.Done())
+		close(started)
+		go ctl.Sync(ctx, discovery, quotaDiscoveryPeriod)
+		ctl.Run(ctx, quotaWorkers)
+		meta.Shutdown()
+	}, nil
 }

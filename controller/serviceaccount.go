@@ -13,9 +13,9 @@ import (
 // defaultServiceAccount is the account pods run as unless they name another.
 const defaultServiceAccount = "default"
 
-// runServiceAccountController keeps a "default" ServiceAccount in every active namespace, as Kubernetes'
+// buildServiceAccountController builds the controller that keeps a "default" ServiceAccount in every active namespace, as Kubernetes'
 // serviceaccount controller does: it creates it with the namespace, and again if it is deleted.
-func runServiceAccountController(ctx context.Context, c *Clients) {
+func buildServiceAccountController(ctx context.Context, c *Clients) (func(), error) {
 	namespaces := c.Informers.Core().V1().Namespaces()
 	accounts := c.Informers.Core().V1().ServiceAccounts()
 	queue := newKeyQueue(queueConfig{what: "namespace", logger: c.Logger.Named("serviceaccount"),
@@ -36,7 +36,7 @@ func runServiceAccountController(ctx context.Context, c *Clients) {
 			}
 		},
 	})
-	queue.run(ctx, c, namespaces.Informer().HasSynced, accounts.Informer().HasSynced)
+	return func() { queue.run(ctx, c, namespaces.Informer().HasSynced, accounts.Informer().HasSynced) }, nil
 }
 
 func ensureDefaultServiceAccount(ctx context.Context, c *Clients, namespace string) error {

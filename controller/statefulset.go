@@ -9,7 +9,7 @@ import (
 // statefulSetWorkers is kube-controller-manager's default --concurrent-statefulset-syncs.
 const statefulSetWorkers = 5
 
-// runStatefulSetController runs Kubernetes' own StatefulSet controller, as kube-controller-manager runs it:
+// buildStatefulSetController builds Kubernetes' own StatefulSet controller, as kube-controller-manager runs it:
 // pods named <set>-<ordinal> with the hostname <set>-<ordinal> and the subdomain spec.serviceName, created
 // one at a time, each Running and Ready before the next (OrderedReady) or all at once (Parallel), removed
 // from the highest ordinal down; a pod is replaced under the same name only once the old one is gone;
@@ -18,11 +18,9 @@ const statefulSetWorkers = 5
 // status for `kubectl rollout status`. A claim per volumeClaimTemplate and ordinal is created
 // (<claim>-<set>-<ordinal>) and, by persistentVolumeClaimRetentionPolicy, owned by the set or the pod; the
 // agents do not mount such claims yet, so those pods are refused.
-func runStatefulSetController(ctx context.Context, c *Clients) {
+func buildStatefulSetController(ctx context.Context, c *Clients) (func(), error) {
 	f := c.Informers
 	ssc := statefulset.NewStatefulSetController(ctx, f.Core().V1().Pods(), f.Apps().V1().StatefulSets(),
 		f.Core().V1().PersistentVolumeClaims(), f.Apps().V1().ControllerRevisions(), c.Kube)
-	// The manager may have started the factory before this controller asked for its informers.
-	f.Start(ctx.Done())
-	ssc.Run(ctx, statefulSetWorkers)
+	return func() { ssc.Run(ctx, statefulSetWorkers) }, nil
 }

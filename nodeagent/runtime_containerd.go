@@ -94,6 +94,10 @@ type containerdRuntime struct {
 	watching map[string]bool                                       // container IDs with an exit watcher
 	waiting  map[types.UID]map[string]corev1.ContainerStateWaiting // why a container is not running yet
 	events   map[string]bool                                       // one-time events already recorded
+
+	// terminationMessages holds each exited attempt's termination message file by container ID: it never
+	// changes once the attempt exited, and statuses are built on every sync.
+	terminationMessages sync.Map
 }
 
 // newContainerdRuntime connects to containerd: the configured socket, or a private daemon under the data dir.
@@ -824,6 +828,7 @@ func (r *containerdRuntime) deleteContainer(ctx context.Context, rec *ctrRecord)
 	if err := rec.ctr.Delete(ctx, containerd.WithSnapshotCleanup); !isGone(err) {
 		return err
 	}
+	r.terminationMessages.Delete(rec.id)
 	return nil
 }
 

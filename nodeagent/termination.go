@@ -50,13 +50,19 @@ func (r *containerdRuntime) terminationMessageMount(pod *corev1.Pod, c *corev1.C
 	return []specs.Mount{{Destination: c.TerminationMessagePath, Type: "bind", Source: file, Options: []string{"rbind", "rw"}}}, nil
 }
 
-// terminationMessage is the message of an exited attempt rec of container c.
+// terminationMessage is the message of an exited attempt rec of container c. The file is complete once the
+// attempt exited, so what it gives is read once per attempt; the log tail is not kept, as the stdio process
+// may still be writing the attempt's last lines when its exit is seen.
 func (r *containerdRuntime) terminationMessage(pod *corev1.Pod, c *corev1.Container, rec *ctrRecord) string {
-	msg := readPrefix(r.terminationMessageFile(pod, rec.id), maxTerminationMessage)
-	if msg != "" || c.TerminationMessagePolicy != corev1.TerminationMessageFallbackToLogsOnError || rec.exitCode == 0 {
-		return msg
+	if msg, ok := r.terminationMessages.Load(rec.id); ok {
+		return msg.(string)
 	}
-	return lastLogLines(r.containerLogPath(pod, c.Name, rec.attempt))
+	msg := readPrefix(r.terminationMessageFile(pod, rec.id), maxTerminationMessage)
+	if msg == "" && c.TerminationMessagePolicy == corev1.TerminationMessageFallbackToLogsOnError && rec.exitCode != 0 {
+		return lastLogLines(r.containerLogPath(pod, c.Name, rec.attempt))
+	}
+	r.terminationMessages.Store(rec.id, msg)
+	return msg
 }
 
 // readPrefix returns up to limit bytes from the start of file; "" when it cannot be read.

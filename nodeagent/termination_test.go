@@ -56,21 +56,35 @@ func TestTerminationMessage(t *testing.T) {
 		t.Errorf("fallback message of %d bytes; want the last %d", len(got), terminationLogBytes)
 	}
 	// A success falls back to nothing.
-	if got := r.terminationMessage(pod, c, &ctrRecord{id: rec.id, name: "app"}); got != "" {
+	success := &ctrRecord{id: "u1-app-1", name: "app", attempt: 1}
+	if _, err := r.terminationMessageMount(pod, c, success.id); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.terminationMessage(pod, c, success); got != "" {
 		t.Errorf("message of a success %q; want none", got)
 	}
 
-	// Written: the file wins, cut to 4 KiB.
+	// Written: the file wins, cut to 4 KiB, and is read once per attempt.
 	if err := os.WriteFile(mounts[0].Source, []byte(strings.Repeat("m", 5000)), 0o666); err != nil {
 		t.Fatal(err)
 	}
 	if got := r.terminationMessage(pod, c, rec); len(got) != maxTerminationMessage || got[0] != 'm' {
 		t.Errorf("message of %d bytes; want the file's first %d", len(got), maxTerminationMessage)
 	}
+	_ = os.WriteFile(mounts[0].Source, []byte("changed"), 0o666)
+	if got := r.terminationMessage(pod, c, rec); len(got) != maxTerminationMessage {
+		t.Errorf("message %q after the file changed; want the attempt's first read kept", got)
+	}
 	// The File policy never reads the log.
 	c.TerminationMessagePolicy = corev1.TerminationMessageReadFile
-	_ = os.WriteFile(mounts[0].Source, nil, 0o666)
-	if got := r.terminationMessage(pod, c, rec); got != "" {
+	failed := &ctrRecord{id: "u1-app-2", name: "app", attempt: 2, exitCode: 1}
+	if _, err := r.terminationMessageMount(pod, c, failed.id); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(r.containerLogPath(pod, c.Name, failed.attempt), []byte(log.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.terminationMessage(pod, c, failed); got != "" {
 		t.Errorf("File policy message %q; want none", got)
 	}
 }
