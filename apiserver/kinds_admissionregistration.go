@@ -10,6 +10,8 @@ import (
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 	"k8s.io/kubernetes/pkg/apis/admissionregistration"
 	kubeadmissionregistrationv1 "k8s.io/kubernetes/pkg/apis/admissionregistration/v1"
+	"k8s.io/kubernetes/pkg/registry/admissionregistration/mutatingadmissionpolicy"
+	"k8s.io/kubernetes/pkg/registry/admissionregistration/mutatingadmissionpolicybinding"
 	"k8s.io/kubernetes/pkg/registry/admissionregistration/mutatingwebhookconfiguration"
 	"k8s.io/kubernetes/pkg/registry/admissionregistration/resolver"
 	"k8s.io/kubernetes/pkg/registry/admissionregistration/validatingadmissionpolicy"
@@ -18,7 +20,7 @@ import (
 )
 
 // Admission configuration, admissionregistration.k8s.io/v1: mutating and validating webhook configurations,
-// ValidatingAdmissionPolicies and their bindings, with kube's registry strategies and validation (webhook
+// Validating and MutatingAdmissionPolicies and their bindings, with kube's registry strategies and validation (webhook
 // rules, CEL expressions compiled at write, paramKind authorization) through the converting adapter
 // (kubestrategy.go). The library's admission plugins enforce them (package apiserver/admission, policy.go).
 
@@ -44,8 +46,9 @@ type serverDeps struct {
 	authorizer authorizer.Authorizer
 	// resources resolves a paramKind's kind to its resource (discovery through the loopback client).
 	resources resolver.ResourceResolver
-	// policies reads a stored ValidatingAdmissionPolicy, for the checks on a binding's paramRef.
-	policies func(ctx context.Context, name string) (runtime.Object, error)
+	// stored reads a stored object of a cluster-scoped resource of this server (the policy a binding names,
+	// for the checks on its paramRef).
+	stored func(ctx context.Context, resource, name string) (runtime.Object, error)
 }
 
 func admissionPolicyStrategies(d serverDeps) *kubeStrategies {
@@ -60,23 +63,47 @@ func admissionPolicyStrategies(d serverDeps) *kubeStrategies {
 func admissionPolicyBindingStrategies(d serverDeps) *kubeStrategies {
 	return &kubeStrategies{
 		internal: func() runtime.Object { return &admissionregistration.ValidatingAdmissionPolicyBinding{} },
-		main:     validatingadmissionpolicybinding.NewStrategy(d.authorizer, policyGetter(d.policies), d.resources),
+		main:     validatingadmissionpolicybinding.NewStrategy(d.authorizer, policyGetter(d.stored), d.resources),
 	}
 }
 
-// policyGetter gives kube's binding strategy the policy a binding names, in kube's internal form.
-type policyGetter func(ctx context.Context, name string) (runtime.Object, error)
+// MutatingAdmissionPolicies have no status; their bindings' checks are the validating ones'.
+func mutatingPolicyStrategies(d serverDeps) *kubeStrategies {
+	return &kubeStrategies{
+		internal: func() runtime.Object { return &admissionregistration.MutatingAdmissionPolicy{} },
+		main:     mutatingadmissionpolicy.NewStrategy(d.authorizer, d.resources),
+	}
+}
+
+func mutatingPolicyBindingStrategies(d serverDeps) *kubeStrategies {
+	return &kubeStrategies{
+		internal: func() runtime.Object { return &admissionregistration.MutatingAdmissionPolicyBinding{} },
+		main:     mutatingadmissionpolicybinding.NewStrategy(d.authorizer, policyGetter(d.stored), d.resources),
+	}
+}
+
+// policyGetter gives kube's binding strategies the policy a binding names, in kube's internal form.
+type policyGetter func(ctx context.Context, resource, name string) (runtime.Object, error)
 
 func (g policyGetter) GetValidatingAdmissionPolicy(ctx context.Context, name string) (*admissionregistration.ValidatingAdmissionPolicy, error) {
-	obj, err := g(ctx, name)
-	if err != nil {
-		return nil, err
-	}
 	var out admissionregistration.ValidatingAdmissionPolicy
-	if err := kubeScheme.Convert(obj, &out, nil); err != nil {
-		return nil, fmt.Errorf("converting ValidatingAdmissionPolicy %s: %w", name, err)
+	return &out, g.into(ctx, "validatingadmissionpolicies", name, &out)
+}
+
+func (g policyGetter) GetMutatingAdmissionPolicy(ctx context.Context, name string) (*admissionregistration.MutatingAdmissionPolicy, error) {
+	var out admissionregistration.MutatingAdmissionPolicy
+	return &out, g.into(ctx, "mutatingadmissionpolicies", name, &out)
+}
+
+func (g policyGetter) into(ctx context.Context, resource, name string, out runtime.Object) error {
+	obj, err := g(ctx, resource, name)
+	if err != nil {
+		return err
 	}
-	return &out, nil
+	if err := kubeScheme.Convert(obj, out, nil); err != nil {
+		return fmt.Errorf("converting %s %s: %w", resource, name, err)
+	}
+	return nil
 }
 
 // webhookConfigurationColumns are `kubectl get validatingwebhookconfigurations`' columns, and the mutating
@@ -97,6 +124,26 @@ var admissionPolicyColumns = []column{nameColumn, {name: "Validations", typ: "in
 }}, {name: "ParamKind", typ: "string", value: func(obj runtime.Object) any {
 	if pk := obj.(*admissionregistrationv1.ValidatingAdmissionPolicy).Spec.ParamKind; pk != nil {
 		return pk.APIVersion + "/" + pk.Kind
+	}
+	return "<unset>"
+}}, ageColumn}
+
+// mutatingPolicyColumns are `kubectl get mutatingadmissionpolicies`' columns.
+var mutatingPolicyColumns = []column{nameColumn, {name: "Mutations", typ: "integer", value: func(obj runtime.Object) any {
+	return int64(len(obj.(*admissionregistrationv1.MutatingAdmissionPolicy).Spec.Mutations))
+}}, {name: "ParamKind", typ: "string", value: func(obj runtime.Object) any {
+	if pk := obj.(*admissionregistrationv1.MutatingAdmissionPolicy).Spec.ParamKind; pk != nil {
+		return pk.APIVersion + "/" + pk.Kind
+	}
+	return "<unset>"
+}}, ageColumn}
+
+// mutatingPolicyBindingColumns are `kubectl get mutatingadmissionpolicybindings`' columns.
+var mutatingPolicyBindingColumns = []column{nameColumn, {name: "PolicyName", typ: "string", value: func(obj runtime.Object) any {
+	return obj.(*admissionregistrationv1.MutatingAdmissionPolicyBinding).Spec.PolicyName
+}}, {name: "ParamRef", typ: "string", value: func(obj runtime.Object) any {
+	if ref := obj.(*admissionregistrationv1.MutatingAdmissionPolicyBinding).Spec.ParamRef; ref != nil {
+		return ref.Namespace + "/" + ref.Name
 	}
 	return "<unset>"
 }}, ageColumn}

@@ -224,6 +224,12 @@ var kinds = []*kind{
 	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "validatingadmissionpolicybindings", singular: "validatingadmissionpolicybinding",
 		newFunc: obj[admissionregistrationv1.ValidatingAdmissionPolicyBinding](), newListFunc: obj[admissionregistrationv1.ValidatingAdmissionPolicyBindingList](),
 		kubeFor: admissionPolicyBindingStrategies, columns: admissionPolicyBindingColumns},
+	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "mutatingadmissionpolicies", singular: "mutatingadmissionpolicy",
+		newFunc: obj[admissionregistrationv1.MutatingAdmissionPolicy](), newListFunc: obj[admissionregistrationv1.MutatingAdmissionPolicyList](),
+		kubeFor: mutatingPolicyStrategies, columns: mutatingPolicyColumns},
+	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "mutatingadmissionpolicybindings", singular: "mutatingadmissionpolicybinding",
+		newFunc: obj[admissionregistrationv1.MutatingAdmissionPolicyBinding](), newListFunc: obj[admissionregistrationv1.MutatingAdmissionPolicyBindingList](),
+		kubeFor: mutatingPolicyBindingStrategies, columns: mutatingPolicyBindingColumns},
 
 	// networking.k8s.io/v1; Ingresses, IngressClasses and NetworkPolicies with kube's strategies (kinds_networking.go)
 	{gv: networkingv1.SchemeGroupVersion, resource: "ipaddresses", singular: "ipaddress", newFunc: obj[networkingv1.IPAddress](), newListFunc: obj[networkingv1.IPAddressList](),

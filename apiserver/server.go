@@ -292,8 +292,8 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 	var order []string
 	stores := map[string]*resource{}
 	deps := serverDeps{authorizer: authz.Authorizer, resources: resources,
-		policies: func(ctx context.Context, name string) (runtime.Object, error) {
-			return stores["validatingadmissionpolicies"].Get(ctx, name, &metav1.GetOptions{})
+		stored: func(ctx context.Context, resource, name string) (runtime.Object, error) {
+			return stores[resource].Get(ctx, name, &metav1.GetOptions{})
 		}}
 	for _, k := range kinds {
 		if k.kubeFor != nil {

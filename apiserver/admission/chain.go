@@ -31,8 +31,8 @@ type Config struct {
 // (noderestriction.go); PodSecurity (podsecurity.go); Priority, which resolves a pod's priorityClassName
 // (priority.go); DefaultTolerationSeconds (tolerations.go); DefaultStorageClass and
 // StorageObjectInUseProtection (storage.go); RuntimeClass (runtimeclass.go); the certificate plugins (c.Certificates, package apiserver's
-// certificates.go); the library's MutatingAdmissionWebhook, ValidatingAdmissionPolicy and
-// ValidatingAdmissionWebhook (policy.go); and last, ResourceQuota (quota.go). The chain runs every plugin's
+// certificates.go); the library's MutatingAdmissionPolicy, MutatingAdmissionWebhook, ValidatingAdmissionPolicy
+// and ValidatingAdmissionWebhook (policy.go); and last, ResourceQuota (quota.go). The chain runs every plugin's
 // mutation in this order, then every plugin's validation. Skiff's defaulting runs in each kind's strategy.
 func NewChain(cfg *genericapiserver.RecommendedConfig, c Config) (admission.Interface, error) {
 	client := c.Client
@@ -61,5 +61,5 @@ func NewChain(cfg *genericapiserver.RecommendedConfig, c Config) (admission.Inte
 	return admission.NewChainHandler(nl, newLimitRanger(factory.Core().V1().LimitRanges().Lister()), newServiceAccountAdmission(client, factory),
 		newNodeRestriction(factory.Core().V1().Pods().Lister(), factory.Core().V1().PersistentVolumes().Lister()), podSecurity, newPriorityAdmission(factory),
 		newDefaultTolerationAdmission(c.TolerationSeconds), newDefaultStorageClass(factory.Storage().V1().StorageClasses().Lister()),
-		newStorageObjectInUseProtection(), newRuntimeClassAdmission(client, factory), c.Certificates, policies.mutating, policies.policy, policies.validating, quota), nil
+		newStorageObjectInUseProtection(), newRuntimeClassAdmission(client, factory), c.Certificates, policies.mutatingPolicy, policies.mutating, policies.policy, policies.validating, quota), nil
 }

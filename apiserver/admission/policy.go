@@ -7,6 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/admission/initializer"
+	mutatingpolicy "k8s.io/apiserver/pkg/admission/plugin/policy/mutating"
 	validatingpolicy "k8s.io/apiserver/pkg/admission/plugin/policy/validating"
 	webhookinit "k8s.io/apiserver/pkg/admission/plugin/webhook/initializer"
 	"k8s.io/apiserver/pkg/admission/plugin/webhook/mutating"
@@ -24,13 +25,13 @@ import (
 	"k8s.io/kubernetes/pkg/kubeapiserver/admission/exclusion"
 )
 
-// policyPlugins are the library's MutatingAdmissionWebhook, ValidatingAdmissionPolicy and
-// ValidatingAdmissionWebhook plugins, as kube-apiserver runs them: configured by the admissionregistration
+// policyPlugins are the library's MutatingAdmissionPolicy, MutatingAdmissionWebhook, ValidatingAdmissionPolicy
+// and ValidatingAdmissionWebhook plugins, in that order, as kube-apiserver runs them: configured by the admissionregistration
 // objects (kinds_admissionregistration.go), through this server's informers; webhooks reached through their
 // Service's ready endpoints (the servers route to pod IPs; they run no service proxy), and
 // kubernetes.default through the loopback connection.
 type policyPlugins struct {
-	mutating, policy, validating admission.Interface
+	mutatingPolicy, mutating, policy, validating admission.Interface
 }
 
 func newPolicyPlugins(loopback *rest.Config, client kubernetes.Interface, factory informers.SharedInformerFactory, authz authorizer.Authorizer,
@@ -57,6 +58,10 @@ func newPolicyPlugins(loopback *rest.Config, client kubernetes.Interface, factor
 		webhookinit.NewPluginInitializer(webhook.NewDefaultAuthenticationInfoResolverWrapper(nil, nil, loopback, nil), services),
 	}
 	out := &policyPlugins{}
+	mutatingPolicyPlugin, err := mutatingpolicy.NewPlugin(nil)
+	if err != nil {
+		return nil, err
+	}
 	mutatingPlugin, err := mutating.NewMutatingWebhook(nil)
 	if err != nil {
 		return nil, err
@@ -73,7 +78,7 @@ func newPolicyPlugins(loopback *rest.Config, client kubernetes.Interface, factor
 		name   string
 		plugin admission.Interface
 		into   *admission.Interface
-	}{{mutating.PluginName, mutatingPlugin, &out.mutating}, {validatingpolicy.PluginName, policyPlugin, &out.policy}, {validating.PluginName, validatingPlugin, &out.validating}} {
+	}{{mutatingpolicy.PluginName, mutatingPolicyPlugin, &out.mutatingPolicy}, {mutating.PluginName, mutatingPlugin, &out.mutating}, {validatingpolicy.PluginName, policyPlugin, &out.policy}, {validating.PluginName, validatingPlugin, &out.validating}} {
 		initializers.Initialize(p.plugin)
 		// Reviews of access (TokenReviews, SubjectAccessReviews) are never sent to webhooks or policies.
 		if e, ok := p.plugin.(interface {
