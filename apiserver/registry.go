@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -230,6 +231,14 @@ var kinds = []*kind{
 	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "mutatingadmissionpolicybindings", singular: "mutatingadmissionpolicybinding",
 		newFunc: obj[admissionregistrationv1.MutatingAdmissionPolicyBinding](), newListFunc: obj[admissionregistrationv1.MutatingAdmissionPolicyBindingList](),
 		kubeFor: mutatingPolicyBindingStrategies, columns: mutatingPolicyBindingColumns},
+
+	// flowcontrol.apiserver.k8s.io/v1: API Priority and Fairness' configuration (kinds_flowcontrol.go)
+	{gv: flowcontrolv1.SchemeGroupVersion, resource: "flowschemas", singular: "flowschema",
+		newFunc: obj[flowcontrolv1.FlowSchema](), newListFunc: obj[flowcontrolv1.FlowSchemaList](),
+		hasStatus: true, kube: flowSchemaStrategies, columns: flowSchemaColumns},
+	{gv: flowcontrolv1.SchemeGroupVersion, resource: "prioritylevelconfigurations", singular: "prioritylevelconfiguration",
+		newFunc: obj[flowcontrolv1.PriorityLevelConfiguration](), newListFunc: obj[flowcontrolv1.PriorityLevelConfigurationList](),
+		hasStatus: true, kube: priorityLevelStrategies, columns: priorityLevelColumns},
 
 	// networking.k8s.io/v1; Ingresses, IngressClasses and NetworkPolicies with kube's strategies (kinds_networking.go)
 	{gv: networkingv1.SchemeGroupVersion, resource: "ipaddresses", singular: "ipaddress", newFunc: obj[networkingv1.IPAddress](), newListFunc: obj[networkingv1.IPAddressList](),

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	eventsv1 "k8s.io/api/events/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -56,6 +57,7 @@ var servedGroups = []struct {
 	{certificatesv1.SchemeGroupVersion, certificatesv1.AddToScheme},
 	{storagev1.SchemeGroupVersion, storagev1.AddToScheme},
 	{admissionregistrationv1.SchemeGroupVersion, admissionregistrationv1.AddToScheme},
+	{flowcontrolv1.SchemeGroupVersion, flowcontrolv1.AddToScheme},
 }
 
 func init() {

@@ -1,0 +1,89 @@
+package apiserver_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/skiff-dev/skiff/internal/proctest"
+)
+
+// TestFlowControlConfiguration: flowcontrol.apiserver.k8s.io/v1 is served with kube-apiserver's bootstrap
+// configuration (the mandatory exempt and catch-all objects restored when deleted, the suggested ones
+// present), kube's validation with field paths, and status only through /status.
+func TestFlowControlConfiguration(t *testing.T) {
+	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	ctx := context.Background()
+	fc := cs.FlowcontrolV1()
+
+	proctest.WaitFor(t, "the bootstrap configuration", 30*time.Second, func() error {
+		for _, name := range []string{"exempt", "catch-all", "system-nodes", "kube-controller-manager", "global-default"} {
+			if _, err := fc.FlowSchemas().Get(ctx, name, metav1.GetOptions{}); err != nil {
+				return err
+			}
+		}
+		for _, name := range []string{"exempt", "catch-all", "system", "workload-high", "global-default"} {
+			if _, err := fc.PriorityLevelConfigurations().Get(ctx, name, metav1.GetOptions{}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err := fc.FlowSchemas().Delete(ctx, "catch-all", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	proctest.WaitFor(t, "the mandatory catch-all FlowSchema restored", 30*time.Second, func() error {
+		_, err := fc.FlowSchemas().Get(ctx, "catch-all", metav1.GetOptions{})
+		return err
+	})
+
+	fs := &flowcontrolv1.FlowSchema{
+		ObjectMeta: metav1.ObjectMeta{Name: "mine"},
+		Spec: flowcontrolv1.FlowSchemaSpec{
+			PriorityLevelConfiguration: flowcontrolv1.PriorityLevelConfigurationReference{Name: "global-default"},
+			MatchingPrecedence:         20000,
+			Rules: []flowcontrolv1.PolicyRulesWithSubjects{{
+				Subjects: []flowcontrolv1.Subject{{Kind: flowcontrolv1.SubjectKindUser, User: &flowcontrolv1.UserSubject{Name: "alice"}}},
+				ResourceRules: []flowcontrolv1.ResourcePolicyRule{{Verbs: []string{"get"}, APIGroups: []string{""},
+					Resources: []string{"pods"}, Namespaces: []string{"*"}}},
+			}},
+		},
+	}
+	_, err := fc.FlowSchemas().Create(ctx, fs, metav1.CreateOptions{})
+	if !apierrors.IsInvalid(err) {
+		t.Fatalf("matchingPrecedence 20000: %v; want 422", err)
+	}
+	if causes := err.(apierrors.APIStatus).Status().Details.Causes; len(causes) == 0 || causes[0].Field != "spec.matchingPrecedence" {
+		t.Errorf("causes %+v; want spec.matchingPrecedence", causes)
+	}
+	fs.Spec.MatchingPrecedence = 500
+	fs.Status.Conditions = []flowcontrolv1.FlowSchemaCondition{{Type: "Dangling", Status: "True"}}
+	created, err := fc.FlowSchemas().Create(ctx, fs, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(created.Status.Conditions) != 0 {
+		t.Errorf("status set on create: %+v", created.Status)
+	}
+	created.Status.Conditions = []flowcontrolv1.FlowSchemaCondition{{Type: "Dangling", Status: "False", Reason: "Found",
+		LastTransitionTime: metav1.Now()}}
+	updated, err := fc.FlowSchemas().UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(updated.Status.Conditions) != 1 || updated.Status.Conditions[0].Reason != "Found" {
+		t.Errorf("status after /status: %+v", updated.Status)
+	}
+	list, err := fc.PriorityLevelConfigurations().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list.Items) < 5 {
+		t.Errorf("%d priority levels; want kube-apiserver's bootstrap set", len(list.Items))
+	}
+}
