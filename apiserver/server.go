@@ -223,7 +223,8 @@ func New(c Config) (*Server, error) {
 	aggregatorConfig := *cfg
 	ext, err := extensions.New(extensions.Config{Generic: cfg, Backend: c.Backend, Transformers: c.Transformers,
 		ServiceResolver: services, AuthResolverWrapper: webhook.NewDefaultAuthenticationInfoResolverWrapper(nil, nil, cfg.LoopbackClientConfig, nil)},
-		genericapiserver.NewEmptyDelegateWithCustomHandler(notfoundhandler.New(cfg.Serializer, genericapifilters.NoMuxAndDiscoveryIncompleteKey)))
+		genericapiserver.NewEmptyDelegateWithCustomHandler(withPendingCustomResources(c.Backend, cfg.Serializer,
+			notfoundhandler.New(cfg.Serializer, genericapifilters.NoMuxAndDiscoveryIncompleteKey))))
 	if err != nil {
 		return nil, err
 	}

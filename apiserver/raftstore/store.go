@@ -552,3 +552,20 @@ func (s *Store) GetCurrentResourceVersion(ctx context.Context) (uint64, error) {
 
 // CompactRevision implements storage.Interface.
 func (s *Store) CompactRevision() int64 { return s.backend.Store().CompactedRevision() }
+
+// ReadKey reads one key's value after a linearizable read, for the few server paths that look at a stored
+// object outside its resource's storage (found false when it is absent). The value is the store's: do not
+// change it.
+func ReadKey(ctx context.Context, backend Backend, key string) (value []byte, found bool, err error) {
+	if err := backend.LinearizableRead(ctx); err != nil {
+		return nil, false, MapBackendError(err)
+	}
+	kv, _, err := backend.Store().Get(key)
+	if errors.Is(err, fsm.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	return kv.Value, true, nil
+}
