@@ -49,6 +49,8 @@ type kubeStrategies struct {
 	main     kubeStrategy
 	// subresources are update-only subresources ("status" among them) and their strategies.
 	subresources map[string]kubeStrategy
+	// unsupported, when set, refuses on create what kube's validation allows but Skiff does not do.
+	unsupported func(obj runtime.Object) field.ErrorList
 }
 
 // adapt wraps a kube strategy so that a store of v1 objects can run it; st supplies the object typer and
@@ -141,7 +143,11 @@ func (s convertingStrategy) Validate(ctx context.Context, obj runtime.Object) fi
 	if err != nil {
 		return field.ErrorList{field.InternalError(nil, err)}
 	}
-	return s.kube.Validate(ctx, in)
+	errs := s.kube.Validate(ctx, in)
+	if s.ks.unsupported != nil {
+		errs = append(errs, s.ks.unsupported(obj)...)
+	}
+	return errs
 }
 
 func (s convertingStrategy) ValidateUpdate(ctx context.Context, obj, old runtime.Object) field.ErrorList {

@@ -241,6 +241,8 @@ var kinds = []*kind{
 		hasStatus: true, kube: priorityLevelStrategies, columns: priorityLevelColumns},
 
 	// networking.k8s.io/v1; Ingresses, IngressClasses and NetworkPolicies with kube's strategies (kinds_networking.go)
+	{gv: networkingv1.SchemeGroupVersion, resource: "servicecidrs", singular: "servicecidr", newFunc: obj[networkingv1.ServiceCIDR](), newListFunc: obj[networkingv1.ServiceCIDRList](),
+		hasStatus: true, kube: serviceCIDRStrategies, columns: serviceCIDRColumns},
 	{gv: networkingv1.SchemeGroupVersion, resource: "ipaddresses", singular: "ipaddress", newFunc: obj[networkingv1.IPAddress](), newListFunc: obj[networkingv1.IPAddressList](),
 		shortNames: []string{"ip"}},
 	{gv: networkingv1.SchemeGroupVersion, resource: "ingresses", singular: "ingress", namespaced: true, newFunc: obj[networkingv1.Ingress](), newListFunc: obj[networkingv1.IngressList](),

@@ -259,6 +259,7 @@ func New(c Config) (*Server, error) {
 	generic.AddPostStartHookOrDie("rbac/bootstrap-roles", auth.RBACPolicyHook(c.RBACPolicyReady))
 	generic.AddPostStartHookOrDie("scheduling/bootstrap-system-priority-classes", systemPriorityClassesHook)
 	generic.AddPostStartHookOrDie("priority-and-fairness-config-producer", flowControlBootstrapHook(cfg.SharedInformerFactory))
+	generic.AddPostStartHookOrDie("start-kubernetes-service-cidr-controller", defaultServiceCIDRHook(cidr))
 	trust, err := extensionAuthentication(c.ClientCAPEM, c.FrontProxyCAPEM, client)
 	if err != nil {
 		return nil, err

@@ -1,0 +1,61 @@
+package apiserver
+
+import (
+	"fmt"
+	"net"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	genericapiserver "k8s.io/apiserver/pkg/server"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/kubernetes/pkg/apis/networking"
+	"k8s.io/kubernetes/pkg/controlplane/controller/defaultservicecidr"
+	servicecidrregistry "k8s.io/kubernetes/pkg/registry/networking/servicecidr"
+)
+
+// networking.k8s.io/v1 ServiceCIDRs: the default ServiceCIDR "kubernetes", which holds the servers'
+// service_cidr and is created, kept Ready and re-created by kube-apiserver's own default ServiceCIDR
+// controller on every server, with kube's registry strategies and validation. ClusterIPs come from that
+// range only: a ServiceCIDR of any other name is refused, as Skiff's allocator would not hand out its
+// addresses (kube-apiserver's MultiCIDRServiceAllocator does).
+
+var serviceCIDRStrategies = &kubeStrategies{
+	internal:     func() runtime.Object { return &networking.ServiceCIDR{} },
+	main:         servicecidrregistry.Strategy,
+	subresources: map[string]kubeStrategy{"status": servicecidrregistry.StatusStrategy},
+	unsupported: func(obj runtime.Object) field.ErrorList {
+		if name := obj.(*networkingv1.ServiceCIDR).Name; name != defaultservicecidr.DefaultServiceCIDRName {
+			return field.ErrorList{field.Forbidden(field.NewPath("metadata", "name"), fmt.Sprintf(
+				"ClusterIPs are allocated from the servers' service_cidr only (the ServiceCIDR %q); additional ServiceCIDRs are not supported",
+				defaultservicecidr.DefaultServiceCIDRName))}
+		}
+		return nil
+	},
+}
+
+// serviceCIDRColumns are `kubectl get servicecidrs`' columns.
+var serviceCIDRColumns = []column{nameColumn, {name: "CIDRs", typ: "string", value: func(o runtime.Object) any {
+	cidrs := ""
+	for i, c := range o.(*networkingv1.ServiceCIDR).Spec.CIDRs {
+		if i > 0 {
+			cidrs += ","
+		}
+		cidrs += c
+	}
+	return cidrs
+}}, ageColumn}
+
+// defaultServiceCIDRHook runs kube-apiserver's default ServiceCIDR controller for serviceCIDR on this server
+// through the loopback client: it creates "kubernetes" when missing, marks it Ready, and reports a
+// configuration that differs from it in an event. It does not hold the server's readiness.
+func defaultServiceCIDRHook(serviceCIDR *net.IPNet) genericapiserver.PostStartHookFunc {
+	return func(hook genericapiserver.PostStartHookContext) error {
+		client, err := kubernetes.NewForConfig(hook.LoopbackClientConfig)
+		if err != nil {
+			return err
+		}
+		go defaultservicecidr.NewController(*serviceCIDR, net.IPNet{}, client).Start(hook)
+		return nil
+	}
+}

@@ -1,0 +1,58 @@
+package apiserver_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/skiff-dev/skiff/apiserver"
+	"github.com/skiff-dev/skiff/internal/proctest"
+)
+
+// TestServiceCIDRs: the default ServiceCIDR "kubernetes" holds the servers' service range and is Ready, is
+// created again when deleted, and a ServiceCIDR of another name is refused, naming the field.
+func TestServiceCIDRs(t *testing.T) {
+	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	ctx := context.Background()
+	cidrs := cs.NetworkingV1().ServiceCIDRs()
+
+	ready := func() error {
+		def, err := cidrs.Get(ctx, "kubernetes", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(def.Spec.CIDRs) != 1 || def.Spec.CIDRs[0] != apiserver.DefaultServiceCIDR {
+			return fmt.Errorf("CIDRs %v; want [%s]", def.Spec.CIDRs, apiserver.DefaultServiceCIDR)
+		}
+		if !apimeta.IsStatusConditionTrue(def.Status.Conditions, networkingv1.ServiceCIDRConditionReady) {
+			return fmt.Errorf("conditions %+v; want Ready", def.Status.Conditions)
+		}
+		return nil
+	}
+	proctest.WaitFor(t, "the default ServiceCIDR", 30*time.Second, ready)
+	if err := cidrs.Delete(ctx, "kubernetes", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	proctest.WaitFor(t, "the default ServiceCIDR created again", 30*time.Second, ready)
+
+	_, err := cidrs.Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "more"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"203.0.113.0/24"}}}, metav1.CreateOptions{})
+	if !apierrors.IsInvalid(err) {
+		t.Fatalf("a second ServiceCIDR: %v; want 422", err)
+	}
+	if causes := err.(apierrors.APIStatus).Status().Details.Causes; len(causes) != 1 || causes[0].Field != "metadata.name" {
+		t.Errorf("causes %+v; want metadata.name", causes)
+	}
+	_, err = cidrs.Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "bad"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"not-a-cidr"}}}, metav1.CreateOptions{})
+	if !apierrors.IsInvalid(err) {
+		t.Fatalf("an invalid CIDR: %v; want 422", err)
+	}
+}
