@@ -3,6 +3,7 @@ package apiserver
 import (
 	"net/url"
 
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsopenapi "k8s.io/apiextensions-apiserver/pkg/generated/openapi"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -55,9 +56,14 @@ func apiServicePriorities() map[schema.GroupVersion]aggregator.Priority {
 		"flowcontrol.apiserver.k8s.io": {Group: 16100, Version: 21},
 		metricsv1beta1.GroupName:       {Group: 100, Version: 100},
 	}
+	// Versions ranked above their group's other versions (kube's version priority 15): the preferred one.
+	preferred := map[schema.GroupVersion]int32{autoscalingv2.SchemeGroupVersion: 30}
 	out := map[schema.GroupVersion]aggregator.Priority{apiextensionsv1.SchemeGroupVersion: kube[apiextensionsv1.GroupName]}
 	for _, g := range servedGroups {
 		if p, ok := kube[g.gv.Group]; ok {
+			if v, ok := preferred[g.gv]; ok {
+				p.Version = v
+			}
 			out[g.gv] = p
 		}
 	}

@@ -19,7 +19,8 @@
 // reach the Raft store only through it.
 //
 // This package owns what the library leaves to its user:
-//   - the scheme of served types (k8s.io/api types, each also registered as its own internal version);
+//   - the scheme of served types (k8s.io/api types, each also registered as its own internal version, but
+//     for a kind served in two versions: autoscaling/v1 HorizontalPodAutoscalers convert to v2's type);
 //   - the registry table, where each kind is described once (strategy, field selectors, table columns), with
 //     the kinds' REST storages (subresources, pod streams, evictions, RBAC's escalation-checked storage, the
 //     token and access reviews);

@@ -7,6 +7,8 @@ import (
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	batchv1 "k8s.io/api/batch/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -76,6 +78,10 @@ type kind struct {
 	subresources   []subresource // beyond status
 	// storageGV stores the kind as another group's type (events.k8s.io Events are stored as core Events).
 	storageGV *schema.GroupVersion
+	// alsoServedIn are further versions of the group that serve the same objects from the same store, the
+	// scheme converting them to and from gv's type, the group's internal one (HorizontalPodAutoscalers in
+	// autoscaling/v1 as well as v2). gv is the preferred version and the stored one.
+	alsoServedIn []schema.GroupVersion
 	// kube runs Kubernetes' own registry strategies, on its internal type, in place of this table's rules;
 	// its update-only subresources (status among them) are served too.
 	kube *kubeStrategies
@@ -159,6 +165,13 @@ var kinds = []*kind{
 		categories: []string{"all"}, hasStatus: true, kube: jobStrategies, fields: jobFields, fieldNames: []string{"status.successful"}, columns: jobColumns},
 	{gv: batchv1.SchemeGroupVersion, resource: "cronjobs", singular: "cronjob", namespaced: true, newFunc: obj[batchv1.CronJob](), newListFunc: obj[batchv1.CronJobList](),
 		shortNames: []string{"cj"}, categories: []string{"all"}, hasStatus: true, kube: cronJobStrategies, columns: cronJobColumns},
+
+	// autoscaling/v2, and v1 converted from it: Kubernetes' own conversions, strategies and validation
+	// (kinds_autoscaling.go); kube's controller keeps their status and scales their targets.
+	{gv: autoscalingv2.SchemeGroupVersion, alsoServedIn: []schema.GroupVersion{autoscalingv1.SchemeGroupVersion},
+		resource: "horizontalpodautoscalers", singular: "horizontalpodautoscaler", namespaced: true,
+		newFunc: obj[autoscalingv2.HorizontalPodAutoscaler](), newListFunc: obj[autoscalingv2.HorizontalPodAutoscalerList](),
+		shortNames: []string{"hpa"}, categories: []string{"all"}, hasStatus: true, kube: horizontalPodAutoscalerStrategies},
 
 	// policy/v1: Kubernetes' own strategies and validation (kinds_policy.go); evictions honour them (eviction.go).
 	{gv: policyv1.SchemeGroupVersion, resource: "poddisruptionbudgets", singular: "poddisruptionbudget", namespaced: true,
@@ -265,7 +278,6 @@ func registerFieldLabels() {
 			utilruntime.Must(k.fieldLabels(Scheme))
 			continue
 		}
-		gvk := k.gv.WithKind(kindName(k))
 		allowed := map[string]bool{"metadata.name": true}
 		if k.namespaced {
 			allowed["metadata.namespace"] = true
@@ -273,12 +285,14 @@ func registerFieldLabels() {
 		for _, f := range k.fieldNames {
 			allowed[f] = true
 		}
-		utilruntime.Must(Scheme.AddFieldLabelConversionFunc(gvk, func(label, value string) (string, string, error) {
-			if allowed[label] {
-				return label, value, nil
-			}
-			return "", "", fmt.Errorf("field label not supported: %s", label)
-		}))
+		for _, gv := range append([]schema.GroupVersion{k.gv}, k.alsoServedIn...) {
+			utilruntime.Must(Scheme.AddFieldLabelConversionFunc(gv.WithKind(kindName(k)), func(label, value string) (string, string, error) {
+				if allowed[label] {
+					return label, value, nil
+				}
+				return "", "", fmt.Errorf("field label not supported: %s", label)
+			}))
+		}
 	}
 }
 

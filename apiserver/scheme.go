@@ -8,6 +8,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	batchv1 "k8s.io/api/batch/v1"
 	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -35,7 +36,10 @@ var (
 	ParameterCodec = runtime.NewParameterCodec(Scheme)
 )
 
-// servedGroups are the API group versions and the functions that register their types.
+// servedGroups are the API group versions and the functions that register their types. A group served in
+// more than one version lists its versions in order of preference, the first being the one it is stored in
+// and whose types are the group's internal version (autoscaling: v2, then v1, whose HorizontalPodAutoscalers
+// the scheme converts, kinds_autoscaling.go).
 var servedGroups = []struct {
 	gv  schema.GroupVersion
 	add func(*runtime.Scheme) error
@@ -51,6 +55,7 @@ var servedGroups = []struct {
 	{networkingv1.SchemeGroupVersion, networkingv1.AddToScheme},
 	{nodev1.SchemeGroupVersion, nodev1.AddToScheme},
 	{policyv1.SchemeGroupVersion, policyv1.AddToScheme},
+	{autoscalingv2.SchemeGroupVersion, autoscalingv2.AddToScheme},
 	{autoscalingv1.SchemeGroupVersion, autoscalingv1.AddToScheme},
 	{authenticationv1.SchemeGroupVersion, authenticationv1.AddToScheme},
 	{authorizationv1.SchemeGroupVersion, authorizationv1.AddToScheme},
@@ -64,9 +69,11 @@ func init() {
 	metav1.AddToGroupVersion(Scheme, schema.GroupVersion{Version: "v1"})
 	unversioned := []runtime.Object{&metav1.Status{}, &metav1.APIVersions{}, &metav1.APIGroupList{}, &metav1.APIGroup{}, &metav1.APIResourceList{}}
 	Scheme.AddUnversionedTypes(schema.GroupVersion{Group: "", Version: "v1"}, unversioned...)
+	versions := map[string][]schema.GroupVersion{}
 	for _, g := range servedGroups {
 		utilruntime.Must(g.add(Scheme))
-		utilruntime.Must(Scheme.SetVersionPriority(g.gv))
+		versions[g.gv.Group] = append(versions[g.gv.Group], g.gv)
+		utilruntime.Must(Scheme.SetVersionPriority(versions[g.gv.Group]...))
 		registerAsInternal(g.gv)
 	}
 	registerFieldLabels()
@@ -74,7 +81,7 @@ func init() {
 
 // registerAsInternal registers each versioned type of gv also as the group's internal version. The API
 // machinery converts to the internal version and back; with the same Go type on both sides no conversion
-// functions are needed.
+// functions are needed. A kind the group's preferred version registered already keeps that version's type.
 func registerAsInternal(gv schema.GroupVersion) {
 	internal := schema.GroupVersion{Group: gv.Group, Version: runtime.APIVersionInternal}
 	for kind, typ := range Scheme.KnownTypes(gv) {

@@ -18,6 +18,7 @@ import (
 	apiextensionsapiserver "k8s.io/apiextensions-apiserver/pkg/apiserver"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
 	"k8s.io/apiserver/pkg/endpoints/discovery/aggregated"
@@ -311,15 +312,18 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 			groups[k.gv.Group] = info
 			order = append(order, k.gv.Group)
 		}
-		if info.VersionedResourcesStorageMap[k.gv.Version] == nil {
-			info.VersionedResourcesStorageMap[k.gv.Version] = map[string]rest.Storage{}
-		}
 		paths, err := k.restStorage(getter)
 		if err != nil {
 			return err
 		}
-		for path, st := range paths {
-			info.VersionedResourcesStorageMap[k.gv.Version][path] = st
+		// Each version the kind is served in has the same storages; the library converts.
+		for _, gv := range append([]schema.GroupVersion{k.gv}, k.alsoServedIn...) {
+			if info.VersionedResourcesStorageMap[gv.Version] == nil {
+				info.VersionedResourcesStorageMap[gv.Version] = map[string]rest.Storage{}
+			}
+			for path, st := range paths {
+				info.VersionedResourcesStorageMap[gv.Version][path] = st
+			}
 		}
 		if r, ok := paths[k.resource].(*resource); ok {
 			stores[k.resource] = r

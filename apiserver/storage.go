@@ -91,6 +91,8 @@ func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, exampl
 // names are avoided by using the resource alone, as kube-apiserver does for its built-in groups.
 func resourcePrefix(gr schema.GroupResource) string { return "/" + gr.Resource }
 
+// storageVersion is the version a group's objects are stored in: its first in servedGroups (v1, or v2 for
+// autoscaling, as kube-apiserver stores HorizontalPodAutoscalers).
 func storageVersion(gr schema.GroupResource) (schema.GroupVersion, error) {
 	for _, g := range servedGroups {
 		if g.gv.Group == gr.Group {
@@ -100,7 +102,7 @@ func storageVersion(gr schema.GroupResource) (schema.GroupVersion, error) {
 	return schema.GroupVersion{}, fmt.Errorf("no storage version for %s", gr)
 }
 
-// storageCodec encodes objects as protobuf in their group's v1, as kube-apiserver stores them, and decodes
+// storageCodec encodes objects as protobuf in their group's storage version, as kube-apiserver stores them, and decodes
 // them to the internal version the registry works with.
 func storageCodec(gv schema.GroupVersion) runtime.Codec {
 	info, ok := runtime.SerializerInfoForMediaType(Codecs.SupportedMediaTypes(), runtime.ContentTypeProtobuf)

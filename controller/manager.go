@@ -151,6 +151,7 @@ var controllers = []controllerEntry{
 	{"cronjob", "cronjob-controller", buildCronJobController},
 	{"ttl-after-finished", "ttl-after-finished-controller", buildTTLAfterFinishedController},
 	{"disruption", "disruption-controller", buildDisruptionController},
+	{"horizontal-pod-autoscaler", "horizontal-pod-autoscaler", buildHorizontalPodAutoscaler},
 	{"persistentvolume-binder", "persistent-volume-binder", buildPersistentVolumeBinder},
 	{"pvc-protection", "pvc-protection-controller", buildPVCProtection},
 	{"pv-protection", "pv-protection-controller", buildPVProtection},
