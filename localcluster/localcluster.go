@@ -545,7 +545,10 @@ func Down(dir string) error {
 	errs = append(errs, ReleaseDataDirs(dir))
 	for i := range st.Hosts {
 		h := &st.Hosts[i]
-		if h.Role == "agent" {
+		// A down cut short earlier may have removed the namespace already, after this host's teardown had run
+		// (teardown comes first); there is nothing to run it in then, and down goes on with the rest.
+		_, nsErr := os.Stat(filepath.Join("/run/netns", h.Netns))
+		if h.Role == "agent" && nsErr == nil {
 			if _, err := os.Stat(h.Config); err == nil {
 				if err := h.InNetns(st.Binary, "agent", "-config", h.Config, "-teardown"); err != nil {
 					errs = append(errs, err)
