@@ -11,14 +11,23 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/kubernetes/pkg/apis/networking"
 	"k8s.io/kubernetes/pkg/controlplane/controller/defaultservicecidr"
+	ipaddressregistry "k8s.io/kubernetes/pkg/registry/networking/ipaddress"
 	servicecidrregistry "k8s.io/kubernetes/pkg/registry/networking/servicecidr"
 )
 
+// networking.k8s.io/v1 IPAddresses, with kube's strategy (the name is an IP address in canonical form, the
+// parentRef names a resource and an object): Services hold their ClusterIPs as IPAddresses (services.go).
+//
 // networking.k8s.io/v1 ServiceCIDRs: the default ServiceCIDR "kubernetes", which holds the servers'
 // service_cidr and is created, kept Ready and re-created by kube-apiserver's own default ServiceCIDR
 // controller on every server, with kube's registry strategies and validation. ClusterIPs come from that
 // range only: a ServiceCIDR of any other name is refused, as Skiff's allocator would not hand out its
 // addresses (kube-apiserver's MultiCIDRServiceAllocator does).
+
+var ipAddressStrategies = &kubeStrategies{
+	internal: func() runtime.Object { return &networking.IPAddress{} },
+	main:     ipaddressregistry.Strategy,
+}
 
 var serviceCIDRStrategies = &kubeStrategies{
 	internal:     func() runtime.Object { return &networking.ServiceCIDR{} },

@@ -257,7 +257,7 @@ var kinds = []*kind{
 	{gv: networkingv1.SchemeGroupVersion, resource: "servicecidrs", singular: "servicecidr", newFunc: obj[networkingv1.ServiceCIDR](), newListFunc: obj[networkingv1.ServiceCIDRList](),
 		hasStatus: true, kube: serviceCIDRStrategies, columns: serviceCIDRColumns},
 	{gv: networkingv1.SchemeGroupVersion, resource: "ipaddresses", singular: "ipaddress", newFunc: obj[networkingv1.IPAddress](), newListFunc: obj[networkingv1.IPAddressList](),
-		shortNames: []string{"ip"}},
+		shortNames: []string{"ip"}, kube: ipAddressStrategies},
 	{gv: networkingv1.SchemeGroupVersion, resource: "ingresses", singular: "ingress", namespaced: true, newFunc: obj[networkingv1.Ingress](), newListFunc: obj[networkingv1.IngressList](),
 		shortNames: []string{"ing"}, kube: ingressStrategies},
 	{gv: networkingv1.SchemeGroupVersion, resource: "ingressclasses", singular: "ingressclass", newFunc: obj[networkingv1.IngressClass](), newListFunc: obj[networkingv1.IngressClassList](),

@@ -56,3 +56,24 @@ func TestServiceCIDRs(t *testing.T) {
 		t.Fatalf("an invalid CIDR: %v; want 422", err)
 	}
 }
+
+// TestIPAddresses: IPAddresses are named by an IP address in canonical form (IPv6 too), as kube-apiserver
+// validates them.
+func TestIPAddresses(t *testing.T) {
+	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	ctx := context.Background()
+	parent := &networkingv1.ParentReference{Group: "mygroup", Resource: "myresources", Namespace: "foo", Name: "bar"}
+	for _, name := range []string{"255.255.255.255", "fe80::42:1dff:fe84:f9e2"} {
+		if _, err := cs.NetworkingV1().IPAddresses().Create(ctx, &networkingv1.IPAddress{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: networkingv1.IPAddressSpec{ParentRef: parent}}, metav1.CreateOptions{}); err != nil {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	for _, name := range []string{"fe80:0::1", "not-an-ip"} {
+		_, err := cs.NetworkingV1().IPAddresses().Create(ctx, &networkingv1.IPAddress{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: networkingv1.IPAddressSpec{ParentRef: parent}}, metav1.CreateOptions{})
+		if !apierrors.IsInvalid(err) {
+			t.Errorf("%s: %v; want 422", name, err)
+		}
+	}
+}
