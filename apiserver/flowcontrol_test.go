@@ -2,6 +2,7 @@ package apiserver_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 
 	"github.com/skiff-dev/skiff/internal/proctest"
 )
@@ -86,4 +88,27 @@ func TestFlowControlConfiguration(t *testing.T) {
 	if len(list.Items) < 5 {
 		t.Errorf("%d priority levels; want kube-apiserver's bootstrap set", len(list.Items))
 	}
+	// kube-apiserver's columns.
+	if cols, rows := tableColumns(t, fc.RESTClient(), "flowschemas"); cols != "Name,PriorityLevel,MatchingPrecedence,DistinguisherMethod,Age,MissingPL" || rows < 5 {
+		t.Errorf("flowschemas table: %s, %d rows", cols, rows)
+	}
+	if cols, rows := tableColumns(t, fc.RESTClient(), "prioritylevelconfigurations"); cols != "Name,Type,NominalConcurrencyShares,Queues,HandSize,QueueLengthLimit,Age" || rows < 5 {
+		t.Errorf("prioritylevelconfigurations table: %s, %d rows", cols, rows)
+	}
+}
+
+// tableColumns gets resource as a Table, as kubectl get does, and returns its column names joined by commas
+// and its number of rows.
+func tableColumns(t *testing.T, client rest.Interface, resource string) (string, int) {
+	t.Helper()
+	table := &metav1.Table{}
+	if err := client.Get().Resource(resource).SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").
+		Do(context.Background()).Into(table); err != nil {
+		t.Fatalf("%s as a Table: %v", resource, err)
+	}
+	var names []string
+	for _, col := range table.ColumnDefinitions {
+		names = append(names, col.Name)
+	}
+	return strings.Join(names, ","), len(table.Rows)
 }

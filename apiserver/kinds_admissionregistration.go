@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -105,55 +104,3 @@ func (g policyGetter) into(ctx context.Context, resource, name string, out runti
 	}
 	return nil
 }
-
-// webhookConfigurationColumns are `kubectl get validatingwebhookconfigurations`' columns, and the mutating
-// ones': NAME, WEBHOOKS, AGE.
-var webhookConfigurationColumns = []column{nameColumn, {name: "Webhooks", typ: "integer", value: func(obj runtime.Object) any {
-	switch c := obj.(type) {
-	case *admissionregistrationv1.ValidatingWebhookConfiguration:
-		return int64(len(c.Webhooks))
-	case *admissionregistrationv1.MutatingWebhookConfiguration:
-		return int64(len(c.Webhooks))
-	}
-	return int64(0)
-}}, ageColumn}
-
-// admissionPolicyColumns are `kubectl get validatingadmissionpolicies`' columns.
-var admissionPolicyColumns = []column{nameColumn, {name: "Validations", typ: "integer", value: func(obj runtime.Object) any {
-	return int64(len(obj.(*admissionregistrationv1.ValidatingAdmissionPolicy).Spec.Validations))
-}}, {name: "ParamKind", typ: "string", value: func(obj runtime.Object) any {
-	if pk := obj.(*admissionregistrationv1.ValidatingAdmissionPolicy).Spec.ParamKind; pk != nil {
-		return pk.APIVersion + "/" + pk.Kind
-	}
-	return "<unset>"
-}}, ageColumn}
-
-// mutatingPolicyColumns are `kubectl get mutatingadmissionpolicies`' columns.
-var mutatingPolicyColumns = []column{nameColumn, {name: "Mutations", typ: "integer", value: func(obj runtime.Object) any {
-	return int64(len(obj.(*admissionregistrationv1.MutatingAdmissionPolicy).Spec.Mutations))
-}}, {name: "ParamKind", typ: "string", value: func(obj runtime.Object) any {
-	if pk := obj.(*admissionregistrationv1.MutatingAdmissionPolicy).Spec.ParamKind; pk != nil {
-		return pk.APIVersion + "/" + pk.Kind
-	}
-	return "<unset>"
-}}, ageColumn}
-
-// mutatingPolicyBindingColumns are `kubectl get mutatingadmissionpolicybindings`' columns.
-var mutatingPolicyBindingColumns = []column{nameColumn, {name: "PolicyName", typ: "string", value: func(obj runtime.Object) any {
-	return obj.(*admissionregistrationv1.MutatingAdmissionPolicyBinding).Spec.PolicyName
-}}, {name: "ParamRef", typ: "string", value: func(obj runtime.Object) any {
-	if ref := obj.(*admissionregistrationv1.MutatingAdmissionPolicyBinding).Spec.ParamRef; ref != nil {
-		return ref.Namespace + "/" + ref.Name
-	}
-	return "<unset>"
-}}, ageColumn}
-
-// admissionPolicyBindingColumns are `kubectl get validatingadmissionpolicybindings`' columns.
-var admissionPolicyBindingColumns = []column{nameColumn, {name: "PolicyName", typ: "string", value: func(obj runtime.Object) any {
-	return obj.(*admissionregistrationv1.ValidatingAdmissionPolicyBinding).Spec.PolicyName
-}}, {name: "ParamRef", typ: "string", value: func(obj runtime.Object) any {
-	if ref := obj.(*admissionregistrationv1.ValidatingAdmissionPolicyBinding).Spec.ParamRef; ref != nil {
-		return ref.Namespace + "/" + ref.Name
-	}
-	return "<unset>"
-}}, ageColumn}

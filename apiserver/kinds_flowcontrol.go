@@ -2,7 +2,6 @@ package apiserver
 
 import (
 	"context"
-	"strconv"
 	"time"
 
 	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
@@ -50,63 +49,6 @@ var (
 	}
 )
 
-// flowSchemaColumns are `kubectl get flowschemas`' columns.
-var flowSchemaColumns = []column{nameColumn,
-	{name: "PriorityLevel", typ: "string", value: func(o runtime.Object) any {
-		return o.(*flowcontrolv1.FlowSchema).Spec.PriorityLevelConfiguration.Name
-	}},
-	{name: "MatchingPrecedence", typ: "integer", value: func(o runtime.Object) any {
-		return int64(o.(*flowcontrolv1.FlowSchema).Spec.MatchingPrecedence)
-	}},
-	{name: "DistinguisherMethod", typ: "string", value: func(o runtime.Object) any {
-		if m := o.(*flowcontrolv1.FlowSchema).Spec.DistinguisherMethod; m != nil {
-			return string(m.Type)
-		}
-		return "<none>"
-	}},
-	ageColumn,
-	{name: "MissingPL", typ: "string", value: func(o runtime.Object) any {
-		for _, c := range o.(*flowcontrolv1.FlowSchema).Status.Conditions {
-			if c.Type == flowcontrolv1.FlowSchemaConditionDangling {
-				return string(c.Status)
-			}
-		}
-		return "?"
-	}},
-}
-
-// priorityLevelColumns are `kubectl get prioritylevelconfigurations`' columns.
-var priorityLevelColumns = []column{nameColumn,
-	{name: "Type", typ: "string", value: func(o runtime.Object) any {
-		return string(o.(*flowcontrolv1.PriorityLevelConfiguration).Spec.Type)
-	}},
-	{name: "NominalConcurrencyShares", typ: "string", value: func(o runtime.Object) any {
-		if l := o.(*flowcontrolv1.PriorityLevelConfiguration).Spec.Limited; l != nil && l.NominalConcurrencyShares != nil {
-			return strconv.FormatInt(int64(*l.NominalConcurrencyShares), 10)
-		}
-		return "<none>"
-	}},
-	{name: "Queues", typ: "string", value: func(o runtime.Object) any {
-		if l := o.(*flowcontrolv1.PriorityLevelConfiguration).Spec.Limited; l != nil && l.LimitResponse.Queuing != nil {
-			return strconv.FormatInt(int64(l.LimitResponse.Queuing.Queues), 10)
-		}
-		return "<none>"
-	}},
-	{name: "HandSize", typ: "string", value: func(o runtime.Object) any {
-		if l := o.(*flowcontrolv1.PriorityLevelConfiguration).Spec.Limited; l != nil && l.LimitResponse.Queuing != nil {
-			return strconv.FormatInt(int64(l.LimitResponse.Queuing.HandSize), 10)
-		}
-		return "<none>"
-	}},
-	{name: "QueueLengthLimit", typ: "string", value: func(o runtime.Object) any {
-		if l := o.(*flowcontrolv1.PriorityLevelConfiguration).Spec.Limited; l != nil && l.LimitResponse.Queuing != nil {
-			return strconv.FormatInt(int64(l.LimitResponse.Queuing.QueueLengthLimit), 10)
-		}
-		return "<none>"
-	}},
-	ageColumn,
-}
-
 // flowControlBootstrapHook keeps the bootstrap configuration, as kube-apiserver's
 // priority-and-fairness-config-producer hook does: once at start (retried each second), then every minute,
 // and, sooner than kube-apiserver, at once when a FlowSchema or PriorityLevelConfiguration is deleted.
@@ -123,8 +65,11 @@ func flowControlBootstrapHook(factory informers.SharedInformerFactory) genericap
 		default:
 		}
 	}}
+	// The informers are asked for now, before the server starts its factory: post-start hooks run
+	// concurrently, and an informer first asked for after the factory started would never start.
+	watched := []cache.SharedIndexInformer{schemas.Informer(), levels.Informer()}
 	return func(hook genericapiserver.PostStartHookContext) error {
-		for _, inf := range []cache.SharedIndexInformer{schemas.Informer(), levels.Informer()} {
+		for _, inf := range watched {
 			if _, err := inf.AddEventHandler(onDelete); err != nil {
 				return err
 			}

@@ -43,18 +43,6 @@ var serviceCIDRStrategies = &kubeStrategies{
 	},
 }
 
-// serviceCIDRColumns are `kubectl get servicecidrs`' columns.
-var serviceCIDRColumns = []column{nameColumn, {name: "CIDRs", typ: "string", value: func(o runtime.Object) any {
-	cidrs := ""
-	for i, c := range o.(*networkingv1.ServiceCIDR).Spec.CIDRs {
-		if i > 0 {
-			cidrs += ","
-		}
-		cidrs += c
-	}
-	return cidrs
-}}, ageColumn}
-
 // defaultServiceCIDRHook runs kube-apiserver's default ServiceCIDR controller for serviceCIDR on this server
 // through the loopback client: it creates "kubernetes" when missing, marks it Ready, and reports a
 // configuration that differs from it in an event. It does not hold the server's readiness.

@@ -3,6 +3,7 @@ package apiserver_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,5 +81,8 @@ func TestMutatingAdmissionPolicy(t *testing.T) {
 	}
 	if _, ok := cm.Labels["mutated"]; ok {
 		t.Errorf("a ConfigMap outside the binding's namespaces was mutated: %v", cm.Labels)
+	}
+	if cols, rows := tableColumns(t, policies.RESTClient(), "mutatingadmissionpolicies"); !strings.HasPrefix(cols, "Name,") || rows != 1 {
+		t.Errorf("mutatingadmissionpolicies table: %s, %d rows", cols, rows)
 	}
 }

@@ -41,6 +41,9 @@ func TestServiceCIDRs(t *testing.T) {
 		t.Fatal(err)
 	}
 	proctest.WaitFor(t, "the default ServiceCIDR created again", 30*time.Second, ready)
+	if cols, rows := tableColumns(t, cs.NetworkingV1().RESTClient(), "servicecidrs"); cols != "Name,CIDRs,Age" || rows != 1 {
+		t.Errorf("servicecidrs table: %s, %d rows", cols, rows)
+	}
 
 	_, err := cidrs.Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "more"},
 		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"203.0.113.0/24"}}}, metav1.CreateOptions{})
