@@ -18,6 +18,7 @@ import (
 	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
@@ -239,6 +240,22 @@ var kinds = []*kind{
 	{gv: flowcontrolv1.SchemeGroupVersion, resource: "prioritylevelconfigurations", singular: "prioritylevelconfiguration",
 		newFunc: obj[flowcontrolv1.PriorityLevelConfiguration](), newListFunc: obj[flowcontrolv1.PriorityLevelConfigurationList](),
 		hasStatus: true, kube: priorityLevelStrategies, columns: priorityLevelColumns},
+
+	// resource.k8s.io/v1: Dynamic Resource Allocation's kinds with kube's strategies and printers (kinds_resource.go)
+	{gv: resourcev1.SchemeGroupVersion, resource: "deviceclasses", singular: "deviceclass",
+		newFunc: obj[resourcev1.DeviceClass](), newListFunc: obj[resourcev1.DeviceClassList](), kube: deviceClassStrategies},
+	{gv: resourcev1.SchemeGroupVersion, resource: "devicetaintrules", singular: "devicetaintrule",
+		newFunc: obj[resourcev1.DeviceTaintRule](), newListFunc: obj[resourcev1.DeviceTaintRuleList](),
+		hasStatus: true, kube: deviceTaintRuleStrategies},
+	{gv: resourcev1.SchemeGroupVersion, resource: "resourceclaims", singular: "resourceclaim", namespaced: true,
+		newFunc: obj[resourcev1.ResourceClaim](), newListFunc: obj[resourcev1.ResourceClaimList](),
+		hasStatus: true, kubeFor: resourceClaimStrategies},
+	{gv: resourcev1.SchemeGroupVersion, resource: "resourceclaimtemplates", singular: "resourceclaimtemplate", namespaced: true,
+		newFunc: obj[resourcev1.ResourceClaimTemplate](), newListFunc: obj[resourcev1.ResourceClaimTemplateList](),
+		kubeFor: resourceClaimTemplateStrategies},
+	{gv: resourcev1.SchemeGroupVersion, resource: "resourceslices", singular: "resourceslice",
+		newFunc: obj[resourcev1.ResourceSlice](), newListFunc: obj[resourcev1.ResourceSliceList](),
+		kube: resourceSliceStrategies, fields: resourceSliceFields, fieldNames: resourceSliceFieldNames},
 
 	// networking.k8s.io/v1; Ingresses, IngressClasses and NetworkPolicies with kube's strategies (kinds_networking.go)
 	{gv: networkingv1.SchemeGroupVersion, resource: "ipaddresses", singular: "ipaddress", newFunc: obj[networkingv1.IPAddress](), newListFunc: obj[networkingv1.IPAddressList](),
