@@ -4,6 +4,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
@@ -11,13 +12,17 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/skiff-dev/skiff/internal/proctest"
 )
 
 // TestDynamicResourceAllocationAPI: resource.k8s.io/v1 is served as kube-apiserver 1.37 serves it by default,
 // the five kinds of the DRA conformance tests (test/e2e/dra/dra.go, "CRUD Tests"), with kube's validation
 // (field paths), status only through /status, ResourceSlice field selectors, and kube's table columns.
 func TestDynamicResourceAllocationAPI(t *testing.T) {
-	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	config := startAPI(t, nil)
+	cs := kubernetes.NewForConfigOrDie(config)
 	ctx := context.Background()
 	rv1 := cs.ResourceV1()
 
@@ -196,6 +201,47 @@ func TestDynamicResourceAllocationAPI(t *testing.T) {
 		}
 		if err := slices.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 			t.Fatal(err)
+		}
+	})
+
+	// A node's DRA drivers write the slices of their node only: NodeRestriction on create and delete, the
+	// Node authorizer (its graph of slices) on the other verbs, and lists scoped to the node.
+	t.Run("ResourceSlice of a node", func(t *testing.T) {
+		nodeConfig := rest.CopyConfig(config)
+		nodeConfig.Impersonate = rest.ImpersonationConfig{UserName: "system:node:n1", Groups: []string{"system:nodes", "system:authenticated"}}
+		asNode := kubernetes.NewForConfigOrDie(nodeConfig).ResourceV1().ResourceSlices()
+		slice := func(name, node string) *resourcev1.ResourceSlice {
+			return &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: name},
+				Spec: resourcev1.ResourceSliceSpec{Driver: "dra.example.com", NodeName: ptr(node),
+					Pool: resourcev1.ResourcePool{Name: node, Generation: 1, ResourceSliceCount: 1}}}
+		}
+		if _, err := asNode.Create(ctx, slice("n1-slice", "n1"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := asNode.Create(ctx, slice("n2-by-n1", "n2"), metav1.CreateOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("node n1 creating a slice of n2: %v; want 403", err)
+		}
+		if _, err := rv1.ResourceSlices().Create(ctx, slice("n2-slice", "n2"), metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		proctest.WaitFor(t, "node n1 reading its slice", 30*time.Second, func() error {
+			_, err := asNode.Get(ctx, "n1-slice", metav1.GetOptions{})
+			return err
+		})
+		if _, err := asNode.Get(ctx, "n2-slice", metav1.GetOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("node n1 reading a slice of n2: %v; want 403", err)
+		}
+		if _, err := asNode.List(ctx, metav1.ListOptions{}); !apierrors.IsForbidden(err) {
+			t.Errorf("node n1 listing all slices: %v; want 403", err)
+		}
+		if list, err := asNode.List(ctx, metav1.ListOptions{FieldSelector: "spec.nodeName=n1"}); err != nil || len(list.Items) != 1 {
+			t.Errorf("node n1 listing its slices: %v, %v", list, err)
+		}
+		if err := asNode.Delete(ctx, "n1-slice", metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
+		}
+		if err := rv1.ResourceSlices().Delete(ctx, "n2-slice", metav1.DeleteOptions{}); err != nil {
+			t.Error(err)
 		}
 	})
 
