@@ -72,6 +72,9 @@ type kind struct {
 	// strategies (kubetables.go), and NAME and AGE that of any other.
 	columns    []column
 	ttlSeconds uint64 // objects expire (events)
+	// returnDeleted answers a delete with the deleted object rather than a Status, as kube's store of the kind
+	// does (ResourceClaims).
+	returnDeleted bool
 	// gracefulDelete decides the grace period of a delete (pods); nil deletes at once.
 	gracefulDelete func(obj runtime.Object, options *metav1.DeleteOptions) bool
 	subresources   []subresource // beyond status
@@ -249,7 +252,7 @@ var kinds = []*kind{
 		hasStatus: true, kube: deviceTaintRuleStrategies},
 	{gv: resourcev1.SchemeGroupVersion, resource: "resourceclaims", singular: "resourceclaim", namespaced: true,
 		newFunc: obj[resourcev1.ResourceClaim](), newListFunc: obj[resourcev1.ResourceClaimList](),
-		hasStatus: true, kubeFor: resourceClaimStrategies},
+		hasStatus: true, kubeFor: resourceClaimStrategies, returnDeleted: true},
 	{gv: resourcev1.SchemeGroupVersion, resource: "resourceclaimtemplates", singular: "resourceclaimtemplate", namespaced: true,
 		newFunc: obj[resourcev1.ResourceClaimTemplate](), newListFunc: obj[resourcev1.ResourceClaimTemplateList](),
 		kubeFor: resourceClaimTemplateStrategies},
@@ -331,6 +334,7 @@ func (k *kind) restStorage(getter generic.RESTOptionsGetter) (map[string]rest.St
 		DeleteStrategy:            st,
 		ResetFieldsStrategy:       st,
 		TableConvertor:            tableConvertor{columns: columns},
+		ReturnDeletedObject:       k.returnDeleted,
 	}
 	if k.columns == nil && k.kube != nil {
 		store.TableConvertor = kubeTableConvertor{internal: k.kube.internal}

@@ -124,11 +124,24 @@ func TestDynamicResourceAllocationAPI(t *testing.T) {
 			t.Errorf("status after an apply to /status: %+v", applied.Status)
 		}
 
+		// kube's claim store answers a delete with the claim.
+		deleted, err := cs.ResourceV1().RESTClient().Delete().Namespace(ns).Resource("resourceclaims").Name("claim").DoRaw(ctx)
+		if err != nil || !strings.Contains(string(deleted), `"kind":"ResourceClaim"`) {
+			t.Errorf("delete answered %s, %v; want the claim", deleted, err)
+		}
+		if _, err := claims.Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		claim.Name = "claim-2"
+		claim.Labels = map[string]string{"test.dra.example.com": "test"}
+		if _, err := claims.Create(ctx, claim, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
 		if err := claims.DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "test.dra.example.com=test"}); err != nil {
 			t.Fatal(err)
 		}
-		if list, err := claims.List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) != 0 {
-			t.Errorf("after deletecollection: %v, %v", list, err)
+		if list, err := claims.List(ctx, metav1.ListOptions{}); err != nil || len(list.Items) != 1 || list.Items[0].Name != "claim" {
+			t.Errorf("after deletecollection of the labelled claim: %v, %v; want the unlabelled one", list, err)
 		}
 	})
 
