@@ -20,6 +20,11 @@ import (
 // paths), run on kube's internal types through the converting adapter (kubestrategy.go), and kube's printers
 // for their tables. Skiff stores and serves these objects; it does not allocate devices to claims (no
 // scheduler plugin, no node agent plugin), so a claim stays unallocated unless a client writes its status.
+//
+// Kube's declarative validation is not run (kubestrategy.go). In v1.37 the resource.k8s.io rules declared
+// only that way are on alpha fields (a slice's partitionTypeAttribute and skipNodeOperations), which the
+// strategies drop while their feature gates (DRAPartitionableDevicesType, DRAOptionalNodeOperations) are off,
+// as they are by default; the other declared rules are still reported by the handwritten validation.
 
 func init() {
 	// kube's internal resource types, the v1 ones, and kube's conversions and v1 defaults between them.
