@@ -73,7 +73,13 @@ func TestDynamicResourceAllocationAPI(t *testing.T) {
 		_, err := claims.Create(ctx, claim, metav1.CreateOptions{})
 		wantInvalidField(t, err, "spec.devices.requests[0].name")
 
+		// Admin access to devices needs the namespace's label, read through the loopback client.
 		claim.Spec.Devices.Requests[0].Name = "req-0"
+		claim.Spec.Devices.Requests[0].Exactly.AdminAccess = ptr(true)
+		_, err = claims.Create(ctx, claim, metav1.CreateOptions{})
+		wantInvalidField(t, err, "spec.devices.requests[0].adminAccess") // kube's path, without .exactly
+		claim.Spec.Devices.Requests[0].Exactly.AdminAccess = nil
+
 		claim.Status.Allocation = &resourcev1.AllocationResult{}
 		created, err := claims.Create(ctx, claim, metav1.CreateOptions{})
 		if err != nil {
