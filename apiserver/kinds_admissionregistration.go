@@ -7,6 +7,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/kubernetes/pkg/apis/admissionregistration"
 	kubeadmissionregistrationv1 "k8s.io/kubernetes/pkg/apis/admissionregistration/v1"
 	"k8s.io/kubernetes/pkg/registry/admissionregistration/mutatingadmissionpolicy"
@@ -48,6 +49,8 @@ type serverDeps struct {
 	// stored reads a stored object of a cluster-scoped resource of this server (the policy a binding names,
 	// for the checks on its paramRef).
 	stored func(ctx context.Context, resource, name string) (runtime.Object, error)
+	// namespaces reads Namespaces through the loopback client (a namespace's labels allow DRA admin access).
+	namespaces corev1client.NamespaceInterface
 }
 
 func admissionPolicyStrategies(d serverDeps) *kubeStrategies {

@@ -20,6 +20,7 @@ import (
 	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
@@ -73,6 +74,9 @@ type kind struct {
 	// strategies (kubetables.go), and NAME and AGE that of any other.
 	columns    []column
 	ttlSeconds uint64 // objects expire (events)
+	// returnDeleted answers a delete with the deleted object rather than a Status, as kube's store of the kind
+	// does (ResourceClaims).
+	returnDeleted bool
 	// gracefulDelete decides the grace period of a delete (pods); nil deletes at once.
 	gracefulDelete func(obj runtime.Object, options *metav1.DeleteOptions) bool
 	subresources   []subresource // beyond status
@@ -253,6 +257,22 @@ var kinds = []*kind{
 		newFunc: obj[flowcontrolv1.PriorityLevelConfiguration](), newListFunc: obj[flowcontrolv1.PriorityLevelConfigurationList](),
 		hasStatus: true, kube: priorityLevelStrategies},
 
+	// resource.k8s.io/v1: Dynamic Resource Allocation's kinds with kube's strategies and printers (kinds_resource.go)
+	{gv: resourcev1.SchemeGroupVersion, resource: "deviceclasses", singular: "deviceclass",
+		newFunc: obj[resourcev1.DeviceClass](), newListFunc: obj[resourcev1.DeviceClassList](), kube: deviceClassStrategies},
+	{gv: resourcev1.SchemeGroupVersion, resource: "devicetaintrules", singular: "devicetaintrule",
+		newFunc: obj[resourcev1.DeviceTaintRule](), newListFunc: obj[resourcev1.DeviceTaintRuleList](),
+		hasStatus: true, kube: deviceTaintRuleStrategies},
+	{gv: resourcev1.SchemeGroupVersion, resource: "resourceclaims", singular: "resourceclaim", namespaced: true,
+		newFunc: obj[resourcev1.ResourceClaim](), newListFunc: obj[resourcev1.ResourceClaimList](),
+		hasStatus: true, kubeFor: resourceClaimStrategies, returnDeleted: true},
+	{gv: resourcev1.SchemeGroupVersion, resource: "resourceclaimtemplates", singular: "resourceclaimtemplate", namespaced: true,
+		newFunc: obj[resourcev1.ResourceClaimTemplate](), newListFunc: obj[resourcev1.ResourceClaimTemplateList](),
+		kubeFor: resourceClaimTemplateStrategies},
+	{gv: resourcev1.SchemeGroupVersion, resource: "resourceslices", singular: "resourceslice",
+		newFunc: obj[resourcev1.ResourceSlice](), newListFunc: obj[resourcev1.ResourceSliceList](),
+		kube: resourceSliceStrategies, fields: resourceSliceFields, fieldNames: resourceSliceFieldNames},
+
 	// networking.k8s.io/v1; Ingresses, IngressClasses and NetworkPolicies with kube's strategies (kinds_networking.go)
 	{gv: networkingv1.SchemeGroupVersion, resource: "servicecidrs", singular: "servicecidr", newFunc: obj[networkingv1.ServiceCIDR](), newListFunc: obj[networkingv1.ServiceCIDRList](),
 		hasStatus: true, kube: serviceCIDRStrategies},
@@ -330,6 +350,7 @@ func (k *kind) restStorage(getter generic.RESTOptionsGetter) (map[string]rest.St
 		DeleteStrategy:            st,
 		ResetFieldsStrategy:       st,
 		TableConvertor:            tableConvertor{columns: columns},
+		ReturnDeletedObject:       k.returnDeleted,
 	}
 	if k.columns == nil && k.kube != nil {
 		store.TableConvertor = kubeTableConvertor{internal: k.kube.internal}

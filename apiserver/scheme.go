@@ -20,6 +20,7 @@ import (
 	nodev1 "k8s.io/api/node/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -63,6 +64,7 @@ var servedGroups = []struct {
 	{storagev1.SchemeGroupVersion, storagev1.AddToScheme},
 	{admissionregistrationv1.SchemeGroupVersion, admissionregistrationv1.AddToScheme},
 	{flowcontrolv1.SchemeGroupVersion, flowcontrolv1.AddToScheme},
+	{resourcev1.SchemeGroupVersion, resourcev1.AddToScheme},
 }
 
 func init() {

@@ -35,6 +35,7 @@ import (
 	"k8s.io/apiserver/pkg/util/webhook"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	certutil "k8s.io/client-go/util/cert"
 	aggregatorapiserver "k8s.io/kube-aggregator/pkg/apiserver"
 	aggregatorscheme "k8s.io/kube-aggregator/pkg/apiserver/scheme"
@@ -254,7 +255,7 @@ func New(c Config) (*Server, error) {
 		return nil, err
 	}
 	getter.eventTTL = c.EventTTL
-	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens, auth.WithAuthenticatedGroup(tokens), authz, c.AgentTransport, c.Metrics, resources); err != nil {
+	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens, auth.WithAuthenticatedGroup(tokens), authz, c.AgentTransport, c.Metrics, resources, client.CoreV1().Namespaces()); err != nil {
 		return nil, err
 	}
 	generic.AddPostStartHookOrDie("rbac/bootstrap-roles", auth.RBACPolicyHook(c.RBACPolicyReady))
@@ -291,11 +292,12 @@ func New(c Config) (*Server, error) {
 
 // installAPIs installs every kind of the registry table, grouped by API group.
 func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet, saTokens *auth.ServiceAccountTokens,
-	tokens authenticator.Token, authz *auth.Authorization, agentTransport http.RoundTripper, metrics MetricsSource, resources resolver.ResourceResolver) error {
+	tokens authenticator.Token, authz *auth.Authorization, agentTransport http.RoundTripper, metrics MetricsSource, resources resolver.ResourceResolver,
+	namespaces corev1client.NamespaceInterface) error {
 	groups := map[string]*genericapiserver.APIGroupInfo{}
 	var order []string
 	stores := map[string]*resource{}
-	deps := serverDeps{authorizer: authz.Authorizer, resources: resources,
+	deps := serverDeps{authorizer: authz.Authorizer, resources: resources, namespaces: namespaces,
 		stored: func(ctx context.Context, resource, name string) (runtime.Object, error) {
 			return stores[resource].Get(ctx, name, &metav1.GetOptions{})
 		}}

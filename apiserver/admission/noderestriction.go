@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -27,7 +28,8 @@ import (
 // tokens, may write only its own, may not change its taints, owners or the labels reserved to
 // administrators (node-restriction.kubernetes.io/ and unknown kubernetes.io/, k8s.io/ labels), and may not
 // create pods (Skiff runs no static pods, so there are no mirror pods). As the local-path provisioner of its
-// node, a node may create and delete only PersistentVolumes pinned to itself by node affinity.
+// node, a node may create and delete only PersistentVolumes pinned to itself by node affinity; its DRA
+// drivers may create and delete only the ResourceSlices of its node.
 type nodeRestriction struct {
 	*admission.Handler
 	identifier nodeidentifier.NodeIdentifier
@@ -55,6 +57,7 @@ var (
 	leasesResource = schema.GroupResource{Group: coordinationv1.GroupName, Resource: "leases"}
 
 	endpointSlicesResource = schema.GroupResource{Group: discoveryv1.GroupName, Resource: "endpointslices"}
+	resourceSlicesResource = resourcev1.Resource("resourceslices")
 )
 
 func (p *nodeRestriction) Validate(ctx context.Context, a admission.Attributes, _ admission.ObjectInterfaces) error {
@@ -92,6 +95,36 @@ func (p *nodeRestriction) Validate(ctx context.Context, a admission.Attributes, 
 		return admitNodeLease(nodeName, a)
 	case endpointSlicesResource:
 		return admitNodeDNSSlice(nodeName, a)
+	case resourceSlicesResource:
+		return admitResourceSlice(nodeName, a)
+	}
+	return nil
+}
+
+// admitResourceSlice lets a node (its DRA drivers) create and delete only the ResourceSlices of its own
+// node, as Kubernetes' NodeRestriction does: the Node authorizer allows any create, since it does not see the
+// object, and checks the other verbs against its graph of slices (auth.feedNodeGraph); a deletecollection is
+// admitted object by object here.
+func admitResourceSlice(nodeName string, a admission.Attributes) error {
+	var obj any
+	switch a.GetOperation() {
+	case admission.Create:
+		obj = a.GetObject()
+	case admission.Delete:
+		obj = a.GetOldObject()
+	default:
+		return nil
+	}
+	slice, ok := obj.(*resourcev1.ResourceSlice)
+	if !ok {
+		return admission.NewForbidden(a, fmt.Errorf("unexpected type %T", obj))
+	}
+	if slice.Spec.NodeName == nil || *slice.Spec.NodeName != nodeName {
+		verb := "create"
+		if a.GetOperation() == admission.Delete {
+			verb = "delete"
+		}
+		return admission.NewForbidden(a, fmt.Errorf("can only %s ResourceSlice with the same NodeName as the requesting node", verb))
 	}
 	return nil
 }

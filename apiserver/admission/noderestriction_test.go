@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	discoveryv1 "k8s.io/api/discovery/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authentication/user"
@@ -55,6 +56,40 @@ func TestNodeRestrictionDNSSlice(t *testing.T) {
 		}
 		if err != nil && !strings.Contains(err.Error(), "may only write the EndpointSlice kube-system/kube-dns-n1") {
 			t.Errorf("message: %v", err)
+		}
+	}
+}
+
+func TestNodeRestrictionResourceSlice(t *testing.T) {
+	p := newNodeRestriction(nil, nil)
+	node := &user.DefaultInfo{Name: "system:node:n1", Groups: []string{user.NodesGroup}}
+	gvr := resourcev1.SchemeGroupVersion.WithResource("resourceslices")
+	gvk := resourcev1.SchemeGroupVersion.WithKind("ResourceSlice")
+	n1, n2 := "n1", "n2"
+	for _, tc := range []struct {
+		name     string
+		op       admission.Operation
+		nodeName *string
+		who      user.Info
+		ok       bool
+	}{
+		{"create own", admission.Create, &n1, node, true},
+		{"create another node's", admission.Create, &n2, node, false},
+		{"create a network slice", admission.Create, nil, node, false},
+		{"delete own", admission.Delete, &n1, node, true},
+		{"delete another node's", admission.Delete, &n2, node, false},
+		{"update (the Node authorizer's)", admission.Update, &n2, node, true},
+		{"a driver's controller", admission.Create, &n2, &user.DefaultInfo{Name: "alice"}, true},
+	} {
+		slice := &resourcev1.ResourceSlice{ObjectMeta: metav1.ObjectMeta{Name: "s"}, Spec: resourcev1.ResourceSliceSpec{NodeName: tc.nodeName}}
+		var attrs admission.Attributes
+		if tc.op == admission.Delete {
+			attrs = admission.NewAttributesRecord(nil, slice, gvk, "", "s", gvr, "", tc.op, &metav1.DeleteOptions{}, false, tc.who)
+		} else {
+			attrs = admission.NewAttributesRecord(slice, slice, gvk, "", "s", gvr, "", tc.op, &metav1.CreateOptions{}, false, tc.who)
+		}
+		if err := p.Validate(context.Background(), attrs, nil); (err == nil) != tc.ok {
+			t.Errorf("%s: %v, want allowed=%v", tc.name, err, tc.ok)
 		}
 	}
 }

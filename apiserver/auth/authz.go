@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apiserver/pkg/authentication/user"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -17,6 +18,7 @@ import (
 	"k8s.io/kubernetes/plugin/pkg/auth/authorizer/node"
 	"k8s.io/kubernetes/plugin/pkg/auth/authorizer/rbac"
 	"k8s.io/kubernetes/plugin/pkg/auth/authorizer/rbac/bootstrappolicy"
+	"k8s.io/utils/ptr"
 
 	"github.com/skiff-dev/skiff/internal/join"
 	"github.com/skiff-dev/skiff/internal/version"
@@ -98,9 +100,10 @@ var publicPathAuthorizer = authorizer.AuthorizerFunc(func(ctx context.Context, a
 })
 
 // feedNodeGraph keeps the Node authorizer's graph of which pods run where and what they reference, and
-// which PersistentVolume each claim is bound to (so a node may read the volumes of its pods' claims). Skiff
-// serves neither VolumeAttachments nor ResourceSlices, so the library's AddGraphEventHandlers (which needs
-// informers of those too) is replaced by its pod and volume parts.
+// which PersistentVolume each claim is bound to (so a node may read the volumes of its pods' claims), and
+// which node each ResourceSlice belongs to (so a node's DRA drivers may get, update and delete its own
+// slices). Skiff serves no VolumeAttachments, so the library's AddGraphEventHandlers (which needs their
+// informer too) is replaced by its pod, volume and slice parts.
 func feedNodeGraph(graph *node.Graph, factory informers.SharedInformerFactory) error {
 	_, err := factory.Core().V1().PersistentVolumes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) { graph.AddPV(obj.(*corev1.PersistentVolume)) },
@@ -116,6 +119,24 @@ func feedNodeGraph(graph *node.Graph, factory informers.SharedInformerFactory) e
 			}
 			if pv, ok := obj.(*corev1.PersistentVolume); ok {
 				graph.DeletePV(pv.Name)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	// A slice's node is immutable: adds and deletes are all the graph needs, as in the library.
+	_, err = factory.Resource().V1().ResourceSlices().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) {
+			slice := obj.(*resourcev1.ResourceSlice)
+			graph.AddResourceSlice(slice.Name, ptr.Deref(slice.Spec.NodeName, ""))
+		},
+		DeleteFunc: func(obj any) {
+			if tombstone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tombstone.Obj
+			}
+			if slice, ok := obj.(*resourcev1.ResourceSlice); ok {
+				graph.DeleteResourceSlice(slice.Name)
 			}
 		},
 	})
