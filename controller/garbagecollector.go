@@ -125,7 +125,7 @@ func gcRound(ctx context.Context, c *Clients) error {
 				orphan(ctx, c, o, dependents[o.meta.UID])
 			}
 			if hasFinalizer(o, metav1.FinalizerDeleteDependents) {
-				deleteDependents(ctx, c, o, dependents)
+				deleteDependents(ctx, c, o, dependents, byUID, kinds)
 			}
 			continue
 		}
@@ -146,34 +146,62 @@ func gcRound(ctx context.Context, c *Clients) error {
 // round's snapshot is looked up live before the object is condemned.
 func ownersGone(ctx context.Context, c *Clients, o *gcObject, byUID map[types.UID]*gcObject, kinds kindResource) bool {
 	for _, ref := range o.meta.OwnerReferences {
-		if _, ok := byUID[ref.UID]; ok {
+		if ownerExists(ctx, c, o, ref, byUID, kinds) {
 			return false
-		}
-		gv, err := schema.ParseGroupVersion(ref.APIVersion)
-		if err != nil {
-			return false
-		}
-		gvr, ok := kinds[gv.WithKind(ref.Kind)]
-		if !ok {
-			return false // an owner kind this server does not serve: leave the object alone
-		}
-		ns := o.meta.Namespace
-		owner, err := c.Metadata.Resource(gvr).Namespace(ns).Get(ctx, ref.Name, metav1.GetOptions{})
-		if err == nil && owner.UID == ref.UID {
-			return false
-		}
-		if err != nil && !apierrors.IsNotFound(err) {
-			// Cluster-scoped owners answer NotFound on a namespaced path; look there too.
-			owner, err = c.Metadata.Resource(gvr).Get(ctx, ref.Name, metav1.GetOptions{})
-			if err == nil && owner.UID == ref.UID {
-				return false
-			}
-			if err != nil && !apierrors.IsNotFound(err) {
-				return false
-			}
 		}
 	}
 	return true
+}
+
+// ownerExists reports whether the owner ref names exists: in this round's snapshot, or else live, by UID.
+// An owner it cannot look up (a kind this server does not serve, an error) counts as existing, so that
+// nothing is deleted on a guess.
+func ownerExists(ctx context.Context, c *Clients, o *gcObject, ref metav1.OwnerReference, byUID map[types.UID]*gcObject, kinds kindResource) bool {
+	if _, ok := byUID[ref.UID]; ok {
+		return true
+	}
+	gv, err := schema.ParseGroupVersion(ref.APIVersion)
+	if err != nil {
+		return true
+	}
+	gvr, ok := kinds[gv.WithKind(ref.Kind)]
+	if !ok {
+		return true // an owner kind this server does not serve: leave the object alone
+	}
+	owner, err := c.Metadata.Resource(gvr).Namespace(o.meta.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err == nil {
+		return owner.UID == ref.UID
+	}
+	if !apierrors.IsNotFound(err) {
+		return true
+	}
+	// Cluster-scoped owners answer NotFound on a namespaced path; look there too.
+	owner, err = c.Metadata.Resource(gvr).Get(ctx, ref.Name, metav1.GetOptions{})
+	if err == nil {
+		return owner.UID == ref.UID
+	}
+	return !apierrors.IsNotFound(err)
+}
+
+// waitingForDependents reports whether the object is being deleted in the foreground.
+func waitingForDependents(o *gcObject) bool {
+	return o.meta.DeletionTimestamp != nil && hasFinalizer(o, metav1.FinalizerDeleteDependents)
+}
+
+// keptBy returns the owner references of d to keep when an owner is deleted in the foreground: those to
+// owners that exist and are not themselves waiting for their dependents' deletion (Kubernetes' "solid"
+// owners). When there are any, d stays, without its references to the others.
+func keptBy(ctx context.Context, c *Clients, d *gcObject, byUID map[types.UID]*gcObject, kinds kindResource) []metav1.OwnerReference {
+	var solid []metav1.OwnerReference
+	for _, ref := range d.meta.OwnerReferences {
+		if o, ok := byUID[ref.UID]; ok && waitingForDependents(o) {
+			continue
+		}
+		if ownerExists(ctx, c, d, ref, byUID, kinds) {
+			solid = append(solid, ref)
+		}
+	}
+	return solid
 }
 
 func orphan(ctx context.Context, c *Clients, owner *gcObject, deps []*gcObject) {
@@ -192,17 +220,25 @@ func orphan(ctx context.Context, c *Clients, owner *gcObject, deps []*gcObject) 
 }
 
 // deleteDependents deletes an owner's dependents in the foreground, and drops the owner's finalizer once
-// none that blocks it (blockOwnerDeletion) is left, as Kubernetes' collector does. A dependent that has a
+// none that blocks it (blockOwnerDeletion) is left, as Kubernetes' collector does. A dependent that another
+// owner still holds (keptBy) is not deleted: it loses its references to the owners being deleted. A dependent that has a
 // dependent of its own in foreground deletion may be part of an ownership cycle (a owns b owns c owns a):
 // its references stop blocking before it is deleted, so that the deletions cannot wait on each other
 // forever (Kubernetes' rule, with the same false positives).
-func deleteDependents(ctx context.Context, c *Clients, owner *gcObject, dependents map[types.UID][]*gcObject) {
+func deleteDependents(ctx context.Context, c *Clients, owner *gcObject, dependents map[types.UID][]*gcObject,
+	byUID map[types.UID]*gcObject, kinds kindResource) {
 	blocking := 0
 	foreground := metav1.DeletePropagationForeground
 	for _, d := range dependents[owner.meta.UID] {
 		if d.meta.DeletionTimestamp != nil {
 			if blocksOwner(d, owner.meta.UID) {
 				blocking++
+			}
+			continue
+		}
+		if keep := keptBy(ctx, c, d, byUID, kinds); len(keep) > 0 {
+			if err := patchMeta(ctx, c, d, map[string]interface{}{"ownerReferences": keep}); err != nil && !apierrors.IsNotFound(err) {
+				blocking++ // try again next round
 			}
 			continue
 		}

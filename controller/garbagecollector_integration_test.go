@@ -91,3 +91,47 @@ func TestForegroundDeletion(t *testing.T) {
 	}
 	gone("a", "b", "c")
 }
+
+// TestForegroundDeletionKeepsDependentsOfOtherOwners: a dependent that another, live owner holds survives
+// its owner's foreground deletion and only loses its reference to that owner, as in Kubernetes (the
+// conformance test "should not delete dependents that have both valid owner and owner that's waiting for
+// dependents to be deleted"); the owner's own dependents go, and then the owner.
+func TestForegroundDeletionKeepsDependentsOfOtherOwners(t *testing.T) {
+	c := servertest.Start(t, 1)[0].Client
+	ctx := context.Background()
+	cms := c.CoreV1().ConfigMaps("default")
+	create := func(name string, owners ...*corev1.ConfigMap) *corev1.ConfigMap {
+		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		for _, o := range owners {
+			cm.OwnerReferences = append(cm.OwnerReferences, metav1.OwnerReference{APIVersion: "v1", Kind: "ConfigMap",
+				Name: o.Name, UID: o.UID, BlockOwnerDeletion: new(true)})
+		}
+		cm, err := cms.Create(ctx, cm, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cm
+	}
+	toGo, toStay := create("to-go"), create("to-stay")
+	create("shared", toGo, toStay)
+	create("only", toGo)
+	foreground := metav1.DeletePropagationForeground
+	if err := cms.Delete(ctx, "to-go", metav1.DeleteOptions{PropagationPolicy: &foreground}); err != nil {
+		t.Fatal(err)
+	}
+	proctest.WaitFor(t, "the owner and its own dependent collected", 60*time.Second, func() error {
+		for _, n := range []string{"to-go", "only"} {
+			if _, err := cms.Get(ctx, n, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				return fmt.Errorf("%s: %v", n, err)
+			}
+		}
+		return nil
+	})
+	shared, err := cms.Get(ctx, "shared", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the dependent another owner holds was deleted: %v", err)
+	}
+	if shared.DeletionTimestamp != nil || len(shared.OwnerReferences) != 1 || shared.OwnerReferences[0].UID != toStay.UID {
+		t.Errorf("shared: deletionTimestamp %v, ownerReferences %+v; want only to-stay's", shared.DeletionTimestamp, shared.OwnerReferences)
+	}
+}
