@@ -23,6 +23,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	storagemigrationv1 "k8s.io/api/storagemigration/v1"
 	apimachineryvalidation "k8s.io/apimachinery/pkg/api/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
@@ -248,6 +249,11 @@ var kinds = []*kind{
 	{gv: admissionregistrationv1.SchemeGroupVersion, resource: "mutatingadmissionpolicybindings", singular: "mutatingadmissionpolicybinding",
 		newFunc: obj[admissionregistrationv1.MutatingAdmissionPolicyBinding](), newListFunc: obj[admissionregistrationv1.MutatingAdmissionPolicyBindingList](),
 		kubeFor: mutatingPolicyBindingStrategies},
+
+	// storagemigration.k8s.io/v1 (kinds_storagemigration.go)
+	{gv: storagemigrationv1.SchemeGroupVersion, resource: "storageversionmigrations", singular: "storageversionmigration",
+		newFunc: obj[storagemigrationv1.StorageVersionMigration](), newListFunc: obj[storagemigrationv1.StorageVersionMigrationList](),
+		hasStatus: true, kube: storageVersionMigrationStrategies},
 
 	// flowcontrol.apiserver.k8s.io/v1: API Priority and Fairness' configuration (kinds_flowcontrol.go)
 	{gv: flowcontrolv1.SchemeGroupVersion, resource: "flowschemas", singular: "flowschema",

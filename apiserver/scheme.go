@@ -23,6 +23,7 @@ import (
 	resourcev1 "k8s.io/api/resource/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	storagev1 "k8s.io/api/storage/v1"
+	storagemigrationv1 "k8s.io/api/storagemigration/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -64,6 +65,7 @@ var servedGroups = []struct {
 	{storagev1.SchemeGroupVersion, storagev1.AddToScheme},
 	{admissionregistrationv1.SchemeGroupVersion, admissionregistrationv1.AddToScheme},
 	{flowcontrolv1.SchemeGroupVersion, flowcontrolv1.AddToScheme},
+	{storagemigrationv1.SchemeGroupVersion, storagemigrationv1.AddToScheme},
 	{resourcev1.SchemeGroupVersion, resourcev1.AddToScheme},
 }
 

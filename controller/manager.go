@@ -156,6 +156,7 @@ var controllers = []controllerEntry{
 	{"pvc-protection", "pvc-protection-controller", buildPVCProtection},
 	{"pv-protection", "pv-protection-controller", buildPVProtection},
 	{"resourcequota", "resourcequota-controller", buildResourceQuotaController},
+	{"storage-version-migrator", "storage-version-migrator-controller", buildStorageVersionMigrator},
 }
 
 // podsByNode names the pod informer's index by spec.nodeName.
