@@ -437,7 +437,8 @@ func formatMap(m map[string]string) string {
 
 // resourceFieldValue is a resourceFieldRef, of container c unless it names another container of the pod:
 // the quantity divided by the divisor (default 1), rounded up. Unset or zero limits of cpu, memory and
-// ephemeral-storage are the node's allocatable, as the kubelet defaults them for the downward API.
+// ephemeral-storage are the node's allocatable, as the kubelet defaults them for the downward API; unset
+// requests are 0, even for a container without any.
 func resourceFieldValue(pod *corev1.Pod, c *corev1.Container, fs *corev1.ResourceFieldSelector, allocatable corev1.ResourceList) (string, error) {
 	target := c
 	if fs.ContainerName != "" && (c == nil || c.Name != fs.ContainerName) {
@@ -464,16 +465,19 @@ func resourceFieldValue(pod *corev1.Pod, c *corev1.Container, fs *corev1.Resourc
 	if !fs.Divisor.IsZero() {
 		divisor = fs.Divisor
 	}
-	kind, name, ok := strings.Cut(fs.Resource, ".")
+	// A resource the container does not list reads as zero, as in the kubelet's ExtractContainerResourceValue
+	// (Requests.Cpu() of a container without requests): a nil list is not an unsupported resource.
 	var list corev1.ResourceList
-	switch {
-	case ok && kind == "limits":
+	kind, name, _ := strings.Cut(fs.Resource, ".")
+	switch kind {
+	case "limits":
 		list = limits
-	case ok && kind == "requests":
+	case "requests":
 		list = target.Resources.Requests
+	default:
+		return "", fmt.Errorf("unsupported container resource : %v", fs.Resource)
 	}
 	switch rn := corev1.ResourceName(name); {
-	case list == nil:
 	case rn == corev1.ResourceCPU:
 		q := list[rn]
 		return ceilDiv(q.MilliValue(), divisor.MilliValue(), fs)
