@@ -80,6 +80,8 @@ func TestContainerEnv(t *testing.T) {
 		want    []string
 		wantErr string
 		notFoud bool
+		// podLimits are the pod's spec.resources.limits (pod-level resources).
+		podLimits corev1.ResourceList
 	}{
 		{name: "precedence", from: []corev1.EnvFromSource{
 			{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "base"}}},
@@ -138,6 +140,13 @@ func TestContainerEnv(t *testing.T) {
 				ContainerName: "sidecar", Resource: "requests.memory"}}},
 		}, want: []string{"CPU_M=500", "CPU=1", "REQ_CPU_M=250", "MEM_MI=64", "MEM=67108864", "REQ_MEM_MI=32", "REQ_MEM_K=33555",
 			"EPH_GI=100", "REQ_EPH=0", "OTHER_CPU=4000", "OTHER_REQ_CPU=0", "OTHER_REQ_MEM=0"}},
+		{name: "pod-level limits", podLimits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}, env: []corev1.EnvVar{
+			// The sidecar's unset limits: memory from the pod's spec.resources, cpu from the node.
+			{Name: "CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "sidecar", Resource: "limits.cpu"}}},
+			{Name: "MEM_MI", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{
+				ContainerName: "sidecar", Resource: "limits.memory", Divisor: resource.MustParse("1Mi")}}},
+			{Name: "OWN_MEM_MI", ValueFrom: resRef("limits.memory", "1Mi")}, // the container's own limit wins
+		}, want: []string{"CPU=4", "MEM_MI=1024", "OWN_MEM_MI=64"}},
 		{name: "optional missing", env: []corev1.EnvVar{
 			{Name: "KEEP", Value: "set"},
 			{Name: "S1", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "absent"}, Key: "k", Optional: ptr(true)}}},
@@ -175,6 +184,9 @@ func TestContainerEnv(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := testPod()
 			pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "sidecar"})
+			if tt.podLimits != nil {
+				pod.Spec.Resources = &corev1.ResourceRequirements{Limits: tt.podLimits}
+			}
 			c := pod.Spec.Containers[0].DeepCopy()
 			c.EnvFrom, c.Env = tt.from, tt.env
 			got, err := containerEnv(context.Background(), pod, c, objs, alloc, nil)
