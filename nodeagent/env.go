@@ -28,7 +28,7 @@ import (
 // (metadata.name, metadata.namespace, metadata.uid, metadata.labels['k'], metadata.annotations['k'],
 // spec.nodeName, spec.serviceAccountName, status.hostIP, status.hostIPs, status.podIP, status.podIPs),
 // resourceFieldRef (limits.cpu/memory/ephemeral-storage, requests.*, with divisor; limits default to node
-// allocatable, which is passed in). The pod passed in has status.podIP/hostIP already filled in.
+// allocatable, which is passed in, or to the pod-level limits). The pod passed in has status.podIP/hostIP already filled in.
 //
 // Each name appears once, where it was first defined, with its last value. Values of env (not of envFrom)
 // are expanded: $(VAR) is replaced by an earlier variable's value and left as is when there is none, and $$
@@ -158,7 +158,7 @@ func envValueFrom(ctx context.Context, pod *corev1.Pod, c *corev1.Container, get
 		value, err = envFieldValue(pod, from.FieldRef)
 		return value, err == nil, err
 	case from.ResourceFieldRef != nil:
-		value, err = resourceFieldValue(pod, c, from.ResourceFieldRef, allocatable)
+		value, err = resourceFieldValue(pod, c, from.ResourceFieldRef, envLimitDefaults(pod, allocatable))
 		return value, err == nil, err
 	case from.ConfigMapKeyRef != nil:
 		ref := from.ConfigMapKeyRef
@@ -187,6 +187,25 @@ func envValueFrom(ctx context.Context, pod *corev1.Pod, c *corev1.Container, get
 		return "", false, notSupported("fileKeyRef environment variables are not supported by this node")
 	}
 	return "", false, fmt.Errorf("valueFrom sets no source")
+}
+
+// envLimitDefaults is what an env var reads for a container's unset limits, as the kubelet's
+// defaultPodLimitsForDownwardAPI makes it: the Node's allocatable, but the pod's own cpu and memory limits
+// where its spec.resources sets them (pod-level resources). The kubelet's downwardAPI volumes do not do this:
+// they use the allocatable alone.
+func envLimitDefaults(pod *corev1.Pod, allocatable corev1.ResourceList) corev1.ResourceList {
+	if pod.Spec.Resources == nil || len(pod.Spec.Resources.Limits) == 0 {
+		return allocatable
+	}
+	out := allocatable.DeepCopy()
+	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if q, ok := pod.Spec.Resources.Limits[name]; ok && !q.IsZero() {
+			if _, ok := out[name]; ok {
+				out[name] = q.DeepCopy()
+			}
+		}
+	}
+	return out
 }
 
 // envList is an environment being built: names in the order first defined, last value wins.
@@ -437,7 +456,8 @@ func formatMap(m map[string]string) string {
 
 // resourceFieldValue is a resourceFieldRef, of container c unless it names another container of the pod:
 // the quantity divided by the divisor (default 1), rounded up. Unset or zero limits of cpu, memory and
-// ephemeral-storage are the node's allocatable, as the kubelet defaults them for the downward API.
+// ephemeral-storage are the node's allocatable, as the kubelet defaults them for the downward API; unset
+// requests are 0, even for a container without any.
 func resourceFieldValue(pod *corev1.Pod, c *corev1.Container, fs *corev1.ResourceFieldSelector, allocatable corev1.ResourceList) (string, error) {
 	target := c
 	if fs.ContainerName != "" && (c == nil || c.Name != fs.ContainerName) {
@@ -464,16 +484,19 @@ func resourceFieldValue(pod *corev1.Pod, c *corev1.Container, fs *corev1.Resourc
 	if !fs.Divisor.IsZero() {
 		divisor = fs.Divisor
 	}
-	kind, name, ok := strings.Cut(fs.Resource, ".")
+	// A resource the container does not list reads as zero, as in the kubelet's ExtractContainerResourceValue
+	// (Requests.Cpu() of a container without requests): a nil list is not an unsupported resource.
 	var list corev1.ResourceList
-	switch {
-	case ok && kind == "limits":
+	kind, name, _ := strings.Cut(fs.Resource, ".")
+	switch kind {
+	case "limits":
 		list = limits
-	case ok && kind == "requests":
+	case "requests":
 		list = target.Resources.Requests
+	default:
+		return "", fmt.Errorf("unsupported container resource : %v", fs.Resource)
 	}
 	switch rn := corev1.ResourceName(name); {
-	case list == nil:
 	case rn == corev1.ResourceCPU:
 		q := list[rn]
 		return ceilDiv(q.MilliValue(), divisor.MilliValue(), fs)

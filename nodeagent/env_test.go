@@ -80,6 +80,8 @@ func TestContainerEnv(t *testing.T) {
 		want    []string
 		wantErr string
 		notFoud bool
+		// podLimits are the pod's spec.resources.limits (pod-level resources).
+		podLimits corev1.ResourceList
 	}{
 		{name: "precedence", from: []corev1.EnvFromSource{
 			{ConfigMapRef: &corev1.ConfigMapEnvSource{LocalObjectReference: corev1.LocalObjectReference{Name: "base"}}},
@@ -131,8 +133,20 @@ func TestContainerEnv(t *testing.T) {
 			{Name: "REQ_EPH", ValueFrom: resRef("requests.ephemeral-storage", "")}, // unset: 0
 			{Name: "OTHER_CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{
 				ContainerName: "sidecar", Resource: "limits.cpu", Divisor: resource.MustParse("1m")}}}, // unset: node allocatable
+			// The sidecar has no requests at all: they read as 0, as in the conformance pods' downward API volumes.
+			{Name: "OTHER_REQ_CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{
+				ContainerName: "sidecar", Resource: "requests.cpu"}}},
+			{Name: "OTHER_REQ_MEM", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{
+				ContainerName: "sidecar", Resource: "requests.memory"}}},
 		}, want: []string{"CPU_M=500", "CPU=1", "REQ_CPU_M=250", "MEM_MI=64", "MEM=67108864", "REQ_MEM_MI=32", "REQ_MEM_K=33555",
-			"EPH_GI=100", "REQ_EPH=0", "OTHER_CPU=4000"}},
+			"EPH_GI=100", "REQ_EPH=0", "OTHER_CPU=4000", "OTHER_REQ_CPU=0", "OTHER_REQ_MEM=0"}},
+		{name: "pod-level limits", podLimits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("1Gi")}, env: []corev1.EnvVar{
+			// The sidecar's unset limits: memory from the pod's spec.resources, cpu from the node.
+			{Name: "CPU", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "sidecar", Resource: "limits.cpu"}}},
+			{Name: "MEM_MI", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{
+				ContainerName: "sidecar", Resource: "limits.memory", Divisor: resource.MustParse("1Mi")}}},
+			{Name: "OWN_MEM_MI", ValueFrom: resRef("limits.memory", "1Mi")}, // the container's own limit wins
+		}, want: []string{"CPU=4", "MEM_MI=1024", "OWN_MEM_MI=64"}},
 		{name: "optional missing", env: []corev1.EnvVar{
 			{Name: "KEEP", Value: "set"},
 			{Name: "S1", ValueFrom: &corev1.EnvVarSource{SecretKeyRef: &corev1.SecretKeySelector{LocalObjectReference: corev1.LocalObjectReference{Name: "absent"}, Key: "k", Optional: ptr(true)}}},
@@ -161,6 +175,8 @@ func TestContainerEnv(t *testing.T) {
 			wantErr: "unsupported pod version: v2"},
 		{name: "unsupported resource", env: []corev1.EnvVar{{Name: "R", ValueFrom: resRef("limits.gpu", "")}},
 			wantErr: "unsupported container resource : limits.gpu"},
+		{name: "unsupported resource kind", env: []corev1.EnvVar{{Name: "R", ValueFrom: resRef("usage.cpu", "")}},
+			wantErr: "unsupported container resource : usage.cpu"},
 		{name: "unknown container", env: []corev1.EnvVar{{Name: "R", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{ContainerName: "ghost", Resource: "limits.cpu"}}}},
 			wantErr: "container ghost not found"},
 	}
@@ -168,6 +184,9 @@ func TestContainerEnv(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := testPod()
 			pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: "sidecar"})
+			if tt.podLimits != nil {
+				pod.Spec.Resources = &corev1.ResourceRequirements{Limits: tt.podLimits}
+			}
 			c := pod.Spec.Containers[0].DeepCopy()
 			c.EnvFrom, c.Env = tt.from, tt.env
 			got, err := containerEnv(context.Background(), pod, c, objs, alloc, nil)

@@ -469,7 +469,7 @@ func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodS
 		return r.state(pod, recs, nil), err
 	}
 	r.setWaiting(pod.UID, "", corev1.ContainerStateWaiting{})
-	vols, err := setupVolumes(ctx, pod, r.podDir(pod), r.objects)
+	vols, err := setupVolumes(ctx, pod, r.podDir(pod), r.objects, r.allocatable)
 	if err != nil {
 		r.event(pod, corev1.EventTypeWarning, "FailedMount", "MountVolume.SetUp failed: %v", err)
 		return r.state(pod, recs, sb), err

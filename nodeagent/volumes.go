@@ -10,7 +10,6 @@ import (
 	"path"
 	"path/filepath"
 	"reflect"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,7 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -126,7 +124,10 @@ func getSecret(ctx context.Context, get objectGetter, namespace, name string, op
 // A projected serviceAccountToken source needs a getter that is also a tokenRequester; its token is requested
 // bound to the pod and then kept fresh between syncs (satoken.go). ctx is the agent's: the tokens stop being
 // refreshed when it ends, or when teardownVolumes removes the pod's volumes.
-func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objectGetter) (podVolumes, error) {
+//
+// allocatable is the Node's, as its status reports it: a downwardAPI item reads a container's unset cpu,
+// memory or ephemeral-storage limit as that, as the kubelet's volume plugin does (GetNodeAllocatable).
+func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objectGetter, allocatable corev1.ResourceList) (podVolumes, error) {
 	for i := range pod.Spec.Volumes {
 		if err := checkVolumeSupported(i, &pod.Spec.Volumes[i]); err != nil {
 			return nil, err
@@ -137,7 +138,7 @@ func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objec
 		return nil, err
 	}
 	claims, _ := get.(claimResolver)
-	s := &volumeSetup{ctx: ctx, pod: pod, root: root, get: newCachingGetter(get), tokens: tokenRequesterOf(get), claims: claims}
+	s := &volumeSetup{ctx: ctx, pod: pod, root: root, get: newCachingGetter(get), tokens: tokenRequesterOf(get), claims: claims, allocatable: allocatable}
 	vols := podVolumes{}
 	var errs []error
 	for i := range pod.Spec.Volumes {
@@ -227,9 +228,11 @@ type volumeSetup struct {
 	pod    *corev1.Pod
 	root   string
 	get    objectGetter
-	tokens tokenRequester      // nil when the getter cannot request service account tokens
-	claims claimResolver       // nil when the getter cannot read claims and their volumes
-	alloc  corev1.ResourceList // the host's capacity, read when first needed
+	tokens tokenRequester // nil when the getter cannot request service account tokens
+	claims claimResolver  // nil when the getter cannot read claims and their volumes
+	// allocatable is what unset container limits read as in resourceFieldRef items: the Node's allocatable
+	// as its status reports it, as the kubelet's downward API volumes use (nil: limits are not defaulted).
+	allocatable corev1.ResourceList
 }
 
 // tokenRequesterOf is the getter as a tokenRequester, or nil.
@@ -246,28 +249,6 @@ func (s *volumeSetup) fsGroup() *int64 {
 		return sc.FSGroup
 	}
 	return nil
-}
-
-// allocatable is what container limits default to for resourceFieldRef: the host's capacity, which is what
-// the agent advertises as the Node's allocatable.
-func (s *volumeSetup) allocatable() corev1.ResourceList {
-	if s.alloc == nil {
-		s.alloc = hostAllocatable(s.root)
-	}
-	return s.alloc
-}
-
-func hostAllocatable(dir string) corev1.ResourceList {
-	rl := corev1.ResourceList{corev1.ResourceCPU: *resource.NewQuantity(int64(runtime.NumCPU()), resource.DecimalSI)}
-	var si unix.Sysinfo_t
-	if unix.Sysinfo(&si) == nil {
-		rl[corev1.ResourceMemory] = *resource.NewQuantity(int64(si.Totalram)*int64(si.Unit), resource.BinarySI)
-	}
-	var st unix.Statfs_t
-	if unix.Statfs(dir, &st) == nil {
-		rl[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(int64(st.Blocks)*st.Bsize, resource.BinarySI)
-	}
-	return rl
 }
 
 // setup prepares one volume and returns its host path.
@@ -588,7 +569,7 @@ func (s *volumeSetup) downwardAPIPayload(items []corev1.DownwardAPIVolumeFile, d
 		case item.FieldRef != nil:
 			value, err = volumeFieldValue(s.pod, item.FieldRef)
 		case item.ResourceFieldRef != nil:
-			value, err = resourceFieldValue(s.pod, nil, item.ResourceFieldRef, s.allocatable())
+			value, err = resourceFieldValue(s.pod, nil, item.ResourceFieldRef, s.allocatable)
 		default:
 			err = fmt.Errorf("downwardAPI item %q has neither fieldRef nor resourceFieldRef", item.Path)
 		}

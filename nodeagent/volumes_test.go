@@ -89,6 +89,12 @@ func testPod(vols ...corev1.Volume) *corev1.Pod {
 	}
 }
 
+// testAllocatable is the Node's allocatable that the tests' setupVolumes calls default limits to.
+var testAllocatable = corev1.ResourceList{
+	corev1.ResourceCPU:    resource.MustParse("3"),
+	corev1.ResourceMemory: resource.MustParse("5Gi"),
+}
+
 // setupT runs setupVolumes and tears the volumes down when the test ends.
 func setupT(t *testing.T, pod *corev1.Pod, podDir string, get objectGetter) (podVolumes, error) {
 	t.Helper()
@@ -97,7 +103,7 @@ func setupT(t *testing.T, pod *corev1.Pod, podDir string, get objectGetter) (pod
 			t.Errorf("teardownVolumes: %v", err)
 		}
 	})
-	return setupVolumes(context.Background(), pod, podDir, get)
+	return setupVolumes(context.Background(), pod, podDir, get, testAllocatable)
 }
 
 func requireRoot(t *testing.T) {
@@ -190,7 +196,7 @@ func TestSetupVolumesEmptyDir(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "kept"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects()); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable); err != nil {
 		t.Fatal(err)
 	}
 	if readVolumeFile(t, dir, "kept") != "x" {
@@ -231,7 +237,7 @@ func TestSetupVolumesMemoryEmptyDirIsTmpfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Idempotent: no second tmpfs over the first.
-	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects()); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable); err != nil {
 		t.Fatal(err)
 	}
 	if mounts, _ := mountPointsUnder(dir); len(mounts) != 1 {
@@ -411,7 +417,7 @@ func TestSetupVolumesFSGroup(t *testing.T) {
 	}
 	// Unchanged payload with fsGroup: nothing is rewritten.
 	before, _ := os.Readlink(filepath.Join(vols["s"], "..data"))
-	if _, err := setupVolumes(context.Background(), pod, podDir, objs); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable); err != nil {
 		t.Fatal(err)
 	}
 	if after, _ := os.Readlink(filepath.Join(vols["s"], "..data")); after != before {
@@ -433,7 +439,7 @@ func TestVolumeAtomicUpdate(t *testing.T) {
 	first, _ := os.Readlink(filepath.Join(dir, "..data"))
 
 	// Unchanged: nothing is written.
-	if _, err := setupVolumes(context.Background(), pod, podDir, objs); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable); err != nil {
 		t.Fatal(err)
 	}
 	if again, _ := os.Readlink(filepath.Join(dir, "..data")); again != first {
@@ -448,7 +454,7 @@ func TestVolumeAtomicUpdate(t *testing.T) {
 	defer old.Close()
 
 	objs.addConfigMap("ns", "cfg", map[string]string{"keep": "1", "change": "new", "added": "hi"}, nil)
-	if _, err := setupVolumes(context.Background(), pod, podDir, objs); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{"keep": "-rw-r--r-- 1", "change": "-rw-r--r-- new", "added": "-rw-r--r-- hi"}
@@ -478,7 +484,7 @@ func TestVolumeAtomicUpdate(t *testing.T) {
 	// The source turns optional and disappears: the volume empties.
 	pod.Spec.Volumes[0].ConfigMap.Optional = ptr(true)
 	delete(objs.configMaps, "ns/cfg")
-	if _, err := setupVolumes(context.Background(), pod, podDir, objs); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable); err != nil {
 		t.Fatal(err)
 	}
 	if got := visibleFiles(t, dir); len(got) != 0 {
@@ -520,7 +526,7 @@ func TestSetupVolumesDownwardAPI(t *testing.T) {
 		t.Fatalf("files %q, want %q", got, want)
 	}
 	pod.Labels["app"] = "api"
-	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects()); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable); err != nil {
 		t.Fatal(err)
 	}
 	if got := readVolumeFile(t, dir, "labels"); got != "app=\"api\"\ntier=\"front\"" {
@@ -688,7 +694,7 @@ func TestHostPathVolume(t *testing.T) {
 	// Teardown leaves the host's paths alone.
 	podDir := t.TempDir()
 	pod := testPod(corev1.Volume{Name: "h", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}})
-	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects()); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable); err != nil {
 		t.Fatal(err)
 	}
 	if err := teardownVolumes(podDir); err != nil {
