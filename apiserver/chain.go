@@ -54,7 +54,8 @@ func apiServicePriorities() map[schema.GroupVersion]aggregator.Priority {
 		"admissionregistration.k8s.io": {Group: 16700, Version: 15}, "scheduling.k8s.io": {Group: 16600, Version: 15},
 		"coordination.k8s.io": {Group: 16500, Version: 15}, "discovery.k8s.io": {Group: 16200, Version: 15},
 		"resource.k8s.io": {Group: 16200, Version: 21}, "flowcontrol.apiserver.k8s.io": {Group: 16100, Version: 21},
-		metricsv1beta1.GroupName: {Group: 100, Version: 100},
+		"storagemigration.k8s.io": {Group: 15800, Version: 15},
+		metricsv1beta1.GroupName:  {Group: 100, Version: 100},
 	}
 	// Versions ranked above their group's other versions (kube's version priority 15): the preferred one.
 	preferred := map[schema.GroupVersion]int32{autoscalingv2.SchemeGroupVersion: 30}

@@ -53,8 +53,8 @@ var (
 // priority-and-fairness-config-producer hook does: once at start (retried each second), then every minute,
 // and, sooner than kube-apiserver, at once when a FlowSchema or PriorityLevelConfiguration is deleted.
 // Every server runs it; the ensurer's creates and updates are conditional, so servers do not undo each other.
-// Unlike kube's hook it never fails: a failed post-start hook ends the process, and a server may stop before
-// its informers sync.
+// Unlike kube's hook it does not wait for the informers or the first round before returning: a failed
+// post-start hook ends the process, and a server may stop before its informers sync.
 func flowControlBootstrapHook(factory informers.SharedInformerFactory) genericapiserver.PostStartHookFunc {
 	schemas := factory.Flowcontrol().V1().FlowSchemas()
 	levels := factory.Flowcontrol().V1().PriorityLevelConfigurations()

@@ -3,10 +3,6 @@ package controller
 import (
 	"context"
 
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/restmapper"
-	"k8s.io/client-go/scale"
 	"k8s.io/kubernetes/pkg/controller/disruption"
 )
 
@@ -23,15 +19,13 @@ const disruptionWorkers = 1
 // DisruptionTarget condition from pods that were not deleted after all.
 func buildDisruptionController(ctx context.Context, c *Clients) (func(), error) {
 	f := c.Informers
-	// The scale client finds a kind's scale subresource through discovery, as kube-controller-manager's
-	// RESTMapper does; the mapper rereads discovery when it meets a kind it does not know.
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.Discovery))
-	scales, err := scale.NewForConfig(c.config, mapper, dynamic.LegacyAPIPathResolverFunc, scale.NewDiscoveryScaleKindResolver(c.Discovery))
+	// The scale client finds a kind's scale subresource through discovery (the shared RESTMapper).
+	scales, err := c.scales()
 	if err != nil {
 		return nil, err
 	}
 	dc := disruption.NewDisruptionController(ctx, f.Core().V1().Pods(), f.Policy().V1().PodDisruptionBudgets(),
 		f.Core().V1().ReplicationControllers(), f.Apps().V1().ReplicaSets(), f.Apps().V1().Deployments(), f.Apps().V1().StatefulSets(),
-		c.Kube, mapper, scales, c.Discovery)
+		c.Kube, c.restMapper, scales, c.Discovery)
 	return func() { dc.Run(ctx, disruptionWorkers) }, nil
 }

@@ -143,10 +143,10 @@ func gcRound(ctx context.Context, c *Clients) error {
 }
 
 // ownersGone reports whether none of the object's owners exists any more. An owner missing from this
-// round's snapshot is looked up live before the object is condemned.
+// round's snapshot is looked up live before the object is condemned; one that cannot be looked up saves it.
 func ownersGone(ctx context.Context, c *Clients, o *gcObject, byUID map[types.UID]*gcObject, kinds kindResource) bool {
 	for _, ref := range o.meta.OwnerReferences {
-		if ownerExists(ctx, c, o, ref, byUID, kinds) {
+		if exists, err := ownerExists(ctx, c, o, ref, byUID, kinds); exists || err != nil {
 			return false
 		}
 	}
@@ -154,33 +154,36 @@ func ownersGone(ctx context.Context, c *Clients, o *gcObject, byUID map[types.UI
 }
 
 // ownerExists reports whether the owner ref names exists: in this round's snapshot, or else live, by UID.
-// An owner it cannot look up (a kind this server does not serve, an error) counts as existing, so that
-// nothing is deleted on a guess.
-func ownerExists(ctx context.Context, c *Clients, o *gcObject, ref metav1.OwnerReference, byUID map[types.UID]*gcObject, kinds kindResource) bool {
+// An owner of a kind this server does not serve counts as existing, so that nothing is collected on a guess;
+// a lookup that fails says so, and the caller does nothing this round.
+func ownerExists(ctx context.Context, c *Clients, o *gcObject, ref metav1.OwnerReference, byUID map[types.UID]*gcObject, kinds kindResource) (bool, error) {
 	if _, ok := byUID[ref.UID]; ok {
-		return true
+		return true, nil
 	}
 	gv, err := schema.ParseGroupVersion(ref.APIVersion)
 	if err != nil {
-		return true
+		return true, nil
 	}
 	gvr, ok := kinds[gv.WithKind(ref.Kind)]
 	if !ok {
-		return true // an owner kind this server does not serve: leave the object alone
+		return true, nil // an owner kind this server does not serve: leave the object alone
 	}
 	owner, err := c.Metadata.Resource(gvr).Namespace(o.meta.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err == nil {
-		return owner.UID == ref.UID
+		return owner.UID == ref.UID, nil
 	}
 	if !apierrors.IsNotFound(err) {
-		return true
+		return false, err
 	}
 	// Cluster-scoped owners answer NotFound on a namespaced path; look there too.
 	owner, err = c.Metadata.Resource(gvr).Get(ctx, ref.Name, metav1.GetOptions{})
 	if err == nil {
-		return owner.UID == ref.UID
+		return owner.UID == ref.UID, nil
 	}
-	return !apierrors.IsNotFound(err)
+	if !apierrors.IsNotFound(err) {
+		return false, err
+	}
+	return false, nil
 }
 
 // waitingForDependents reports whether the object is being deleted in the foreground.
@@ -190,18 +193,23 @@ func waitingForDependents(o *gcObject) bool {
 
 // keptBy returns the owner references of d to keep when an owner is deleted in the foreground: those to
 // owners that exist and are not themselves waiting for their dependents' deletion (Kubernetes' "solid"
-// owners). When there are any, d stays, without its references to the others.
-func keptBy(ctx context.Context, c *Clients, d *gcObject, byUID map[types.UID]*gcObject, kinds kindResource) []metav1.OwnerReference {
+// owners). When there are any, d stays, without its references to the others. An owner that cannot be
+// looked up is an error: the caller leaves d for the next round.
+func keptBy(ctx context.Context, c *Clients, d *gcObject, byUID map[types.UID]*gcObject, kinds kindResource) ([]metav1.OwnerReference, error) {
 	var solid []metav1.OwnerReference
 	for _, ref := range d.meta.OwnerReferences {
 		if o, ok := byUID[ref.UID]; ok && waitingForDependents(o) {
 			continue
 		}
-		if ownerExists(ctx, c, d, ref, byUID, kinds) {
+		exists, err := ownerExists(ctx, c, d, ref, byUID, kinds)
+		if err != nil {
+			return nil, err
+		}
+		if exists {
 			solid = append(solid, ref)
 		}
 	}
-	return solid
+	return solid, nil
 }
 
 func orphan(ctx context.Context, c *Clients, owner *gcObject, deps []*gcObject) {
@@ -236,7 +244,12 @@ func deleteDependents(ctx context.Context, c *Clients, owner *gcObject, dependen
 			}
 			continue
 		}
-		if keep := keptBy(ctx, c, d, byUID, kinds); len(keep) > 0 {
+		keep, err := keptBy(ctx, c, d, byUID, kinds)
+		if err != nil {
+			blocking++ // an owner could not be looked up: try again next round
+			continue
+		}
+		if len(keep) > 0 {
 			if err := patchMeta(ctx, c, d, map[string]interface{}{"ownerReferences": keep}); err != nil && !apierrors.IsNotFound(err) {
 				blocking++ // try again next round
 			}

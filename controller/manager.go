@@ -7,7 +7,10 @@ import (
 
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/discovery/cached/memory"
 	"k8s.io/client-go/dynamic"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -15,6 +18,8 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/metadata"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/restmapper"
+	"k8s.io/client-go/scale"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
 	kubecontroller "k8s.io/kubernetes/pkg/controller"
@@ -49,6 +54,16 @@ type Clients struct {
 	broadcaster record.EventBroadcaster
 	// config is the rest config the clients act with, for clients a controller builds itself (scale).
 	config *rest.Config
+	// restMapper resolves kinds and resources through discovery for the controllers that meet any kind (scale
+	// targets, migrations). Run forgets what it learnt every 30 s, as kube-controller-manager does with its
+	// shared mapper: a memory-cached discovery never looks again by itself, so a kind served later (a new
+	// CRD) would stay unknown.
+	restMapper meta.ResettableRESTMapper
+}
+
+// scales is a scale client over the shared RESTMapper, for controllers that read and write any kind's scale.
+func (c *Clients) scales() (scale.ScalesGetter, error) {
+	return scale.NewForConfig(c.config, c.restMapper, dynamic.LegacyAPIPathResolverFunc, scale.NewDiscoveryScaleKindResolver(c.Discovery))
 }
 
 // NewClients builds the clients for a rest config.
@@ -163,8 +178,8 @@ var controllers = []controllerEntry{
 const podsByNode = "nodeName"
 
 // addSharedIndexers adds the informer indexes controllers share. Indexes cannot be added to an informer that
-// has started, and the controllers start concurrently (any of them may start the factory first), so the
-// manager adds them before any controller runs.
+// has started, and several controllers would each add some of them: the manager adds them all before it
+// builds the controllers and starts the factory.
 func addSharedIndexers(f informers.SharedInformerFactory) error {
 	pods := f.Core().V1().Pods().Informer()
 	if err := pods.AddIndexers(cache.Indexers{podsByNode: func(obj any) ([]string, error) {
@@ -196,6 +211,8 @@ func Run(ctx context.Context, c *Clients) {
 		c.Logger.Error("informer indexes: controllers not started", "error", err)
 		return
 	}
+	c.restMapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.Discovery))
+	go wait.Until(c.restMapper.Reset, 30*time.Second, ctx.Done())
 	runControllers(ctx, c, controllers)
 	c.Informers.Shutdown()
 	c.broadcaster.Shutdown()

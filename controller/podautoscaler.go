@@ -4,10 +4,6 @@ import (
 	"context"
 	"time"
 
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/restmapper"
-	"k8s.io/client-go/scale"
 	"k8s.io/kubernetes/pkg/controller/podautoscaler"
 	"k8s.io/kubernetes/pkg/controller/podautoscaler/metrics"
 	resourceclient "k8s.io/metrics/pkg/client/clientset/versioned/typed/metrics/v1beta1"
@@ -40,10 +36,9 @@ const (
 // them reports ScalingActive False otherwise).
 func buildHorizontalPodAutoscaler(ctx context.Context, c *Clients) (func(), error) {
 	f := c.Informers
-	// The scale client finds a kind's scale subresource through discovery, as the disruption controller's
-	// does (disruption.go).
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.Discovery))
-	scales, err := scale.NewForConfig(c.config, mapper, dynamic.LegacyAPIPathResolverFunc, scale.NewDiscoveryScaleKindResolver(c.Discovery))
+	// The scale client finds a kind's scale subresource through discovery (the shared RESTMapper).
+	mapper := c.restMapper
+	scales, err := c.scales()
 	if err != nil {
 		return nil, err
 	}

@@ -12,8 +12,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/discovery/cached/memory"
-	"k8s.io/client-go/restmapper"
 	"k8s.io/client-go/tools/cache"
 )
 
@@ -36,8 +34,7 @@ const (
 // a minute after the migration was created or a patch fails for good.
 func buildStorageVersionMigrator(ctx context.Context, c *Clients) (func(), error) {
 	migrations := c.Informers.Storagemigration().V1().StorageVersionMigrations()
-	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.Discovery))
-	m := &migrator{c: c, mapper: mapper, lister: migrations.Lister().Get}
+	m := &migrator{c: c, mapper: c.restMapper, lister: migrations.Lister().Get}
 	queue := newKeyQueue(queueConfig{what: "storageversionmigration", logger: c.Logger.Named("storageversionmigration"), sync: m.sync})
 	if _, err := migrations.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    queue.addObject,
@@ -100,11 +97,13 @@ func (m *migrator) sync(ctx context.Context, name string) (time.Duration, error)
 			total++
 			patch, _ := json.Marshal(map[string]any{"apiVersion": gvk.GroupVersion().String(), "kind": gvk.Kind,
 				"metadata": map[string]any{"resourceVersion": item.ResourceVersion}})
-			_, err := m.c.Dynamic.Resource(gvr).Namespace(item.Namespace).Patch(ctx, item.Name, types.MergePatchType, patch,
+			patched, err := m.c.Dynamic.Resource(gvr).Namespace(item.Namespace).Patch(ctx, item.Name, types.MergePatchType, patch,
 				metav1.PatchOptions{FieldManager: "storage-version-migrator-controller"})
 			switch {
 			case err == nil:
-				migrated++
+				if patched.GetResourceVersion() != item.ResourceVersion {
+					migrated++ // the store wrote it again; an object already current is not written
+				}
 			case apierrors.IsConflict(err), apierrors.IsNotFound(err):
 			case apierrors.IsTooManyRequests(err), apierrors.IsServerTimeout(err), apierrors.IsServiceUnavailable(err), apierrors.IsTimeout(err):
 				return 0, err
@@ -119,7 +118,7 @@ func (m *migrator) sync(ctx context.Context, name string) (time.Duration, error)
 		opts.Continue = page.Continue
 	}
 	return 0, m.finish(ctx, svm, svmv1.MigrationSucceeded, migrationSucceededReason,
-		fmt.Sprintf("Migration completed: %d of %d objects patched", migrated, total))
+		fmt.Sprintf("Migration completed: %d of %d objects rewritten", migrated, total))
 }
 
 // finish records the migration's end: Running goes False, and the final condition True.

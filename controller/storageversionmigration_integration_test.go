@@ -51,6 +51,12 @@ func TestStorageVersionMigration(t *testing.T) {
 		if svm.Status.ResourceVersion == "" || meta.IsStatusConditionTrue(svm.Status.Conditions, string(svmv1.MigrationRunning)) {
 			return fmt.Errorf("status %+v: want a checkpoint and Running false", svm.Status)
 		}
+		// Every ConfigMap of the cluster was patched (at least these 3), none needed writing again.
+		var rewritten, total int
+		msg := meta.FindStatusCondition(svm.Status.Conditions, string(svmv1.MigrationSucceeded)).Message
+		if _, err := fmt.Sscanf(msg, "Migration completed: %d of %d objects rewritten", &rewritten, &total); err != nil || rewritten != 0 || total < 3 {
+			return fmt.Errorf("message %q", msg)
+		}
 		return nil
 	})
 	for name, rv := range versions {

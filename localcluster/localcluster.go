@@ -545,18 +545,23 @@ func Down(dir string) error {
 	errs = append(errs, ReleaseDataDirs(dir))
 	for i := range st.Hosts {
 		h := &st.Hosts[i]
-		// A down cut short earlier may have removed the namespace already, after this host's teardown had run
-		// (teardown comes first); there is nothing to run it in then, and down goes on with the rest.
+		// The namespace goes only once the agent's teardown in it has succeeded, so a down cut short before
+		// that runs the teardown again; a namespace already gone means the teardown ran.
 		_, nsErr := os.Stat(filepath.Join("/run/netns", h.Netns))
+		tornDown := true
 		if h.Role == "agent" && nsErr == nil {
 			if _, err := os.Stat(h.Config); err == nil {
 				if err := h.InNetns(st.Binary, "agent", "-config", h.Config, "-teardown"); err != nil {
 					errs = append(errs, err)
+					tornDown = false
 				}
 			}
 		}
 		if err := killNetnsProcesses(h.Netns, 15*time.Second); err != nil {
 			errs = append(errs, err)
+		}
+		if !tornDown {
+			continue
 		}
 		if err := run("ip", "netns", "del", h.Netns); err != nil && !strings.Contains(err.Error(), "No such file") {
 			errs = append(errs, err)

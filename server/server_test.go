@@ -226,7 +226,8 @@ func TestKubeconfigAndOperatorEndpoints(t *testing.T) {
 	t.Cleanup(peers[0].stop)
 	waitOneCluster(t, peers, 1)
 	s := peers[0].srv
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	// The requests' deadline covers the waits below (readyz may take 20 s on a loaded machine under -race).
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	rt.WaitFor(t, "admin kubeconfig", 10*time.Second, func() error {
 		_, err := loadKubeconfigClient(s.KubeconfigPath())
