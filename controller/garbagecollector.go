@@ -169,21 +169,21 @@ func ownerExists(ctx context.Context, c *Clients, o *gcObject, ref metav1.OwnerR
 		return true, nil // an owner kind this server does not serve: leave the object alone
 	}
 	owner, err := c.Metadata.Resource(gvr).Namespace(o.meta.Namespace).Get(ctx, ref.Name, metav1.GetOptions{})
-	if err == nil {
+	switch {
+	case err == nil:
 		return owner.UID == ref.UID, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
 	}
-	if !apierrors.IsNotFound(err) {
-		return false, err
-	}
-	// Cluster-scoped owners answer NotFound on a namespaced path; look there too.
+	// A cluster-scoped owner may refuse the namespaced path; look it up without a namespace.
 	owner, err = c.Metadata.Resource(gvr).Get(ctx, ref.Name, metav1.GetOptions{})
-	if err == nil {
+	switch {
+	case err == nil:
 		return owner.UID == ref.UID, nil
+	case apierrors.IsNotFound(err):
+		return false, nil
 	}
-	if !apierrors.IsNotFound(err) {
-		return false, err
-	}
-	return false, nil
+	return false, err
 }
 
 // waitingForDependents reports whether the object is being deleted in the foreground.
