@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
@@ -78,5 +79,24 @@ func TestIPAddresses(t *testing.T) {
 		if !apierrors.IsInvalid(err) {
 			t.Errorf("%s: %v; want 422", name, err)
 		}
+	}
+}
+
+// TestServiceWithGeneratedName: a Service created with generateName gets its ClusterIP, whose IPAddress names
+// the Service by its generated name (kube's IPAddress validation requires the parent's name).
+func TestServiceWithGeneratedName(t *testing.T) {
+	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	ctx := context.Background()
+	svc, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{GenerateName: "proxy-service-"},
+		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("a Service with generateName: %v", err)
+	}
+	ip, err := cs.NetworkingV1().IPAddresses().Get(ctx, svc.Spec.ClusterIP, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref := ip.Spec.ParentRef; ref == nil || ref.Name != svc.Name || ref.Resource != "services" {
+		t.Errorf("the IPAddress's parent %+v; want the Service %s", ref, svc.Name)
 	}
 }

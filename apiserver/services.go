@@ -18,6 +18,7 @@ import (
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	"k8s.io/apiserver/pkg/registry/rest"
+	"k8s.io/apiserver/pkg/storage/names"
 
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
 )
@@ -55,6 +56,11 @@ func (r *serviceREST) Create(ctx context.Context, obj runtime.Object, createVali
 	svc := obj.(*corev1.Service)
 	if options != nil && len(options.DryRun) > 0 {
 		return r.resource.Create(ctx, obj, createValidation, options)
+	}
+	// The ClusterIP's IPAddress names its Service: a generated name is chosen before the allocation, as
+	// kube-apiserver's store chooses it before its create hooks run.
+	if svc.Name == "" && svc.GenerateName != "" {
+		svc.Name = names.SimpleNameGenerator.GenerateName(svc.GenerateName)
 	}
 	alloc, err := r.allocate(ctx, svc)
 	if err != nil {
