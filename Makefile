@@ -23,33 +23,15 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 
-# The full test suite: lint, unit and cluster tests with the race detector, process-level tests against the
-# built binary, and a short smoke of the chaos and benchmark suites.
-# The Raft tests run on their own first: their in-process clusters use leases of 100 ms, which a package
-# competing for the two cores under the race detector made lapse.
-test: setup build lint
-	$(GO) test -race -count=1 -timeout 15m -skip '^(TestChaos|TestFaults)$$' ./raftnode/...
-	$(GO) test -race -count=1 -timeout 15m -skip '^(TestChaos|TestFaults)$$' ./fsm/... ./config/... ./gossip/... ./server/... ./apiserver/... ./scheduler/... ./controller/... ./nodeagent/... ./internal/... ./chaos/...
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m ./e2e/...
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^TestChaos$$' -timeout 15m ./chaos/ -args -chaos.rounds=4 -chaos.plan=$(CHAOS_SMOKE_PLAN)
-	$(MAKE) --no-print-directory conformance-smoke
-	$(MAKE) --no-print-directory smoke
+# The full test suite (scripts/test.sh): build and lint, unit and cluster tests with the race detector,
+# process-level tests against the built binary, and a short smoke of the chaos, conformance and benchmark
+# suites; it ends with each phase's wall time.
+test: setup
+	scripts/test.sh
 
-smoke:
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Write' -benchtime 300x -timeout 10m ./bench/
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Failover' -benchtime 2x -timeout 10m ./bench/
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'API' -benchtime 200x -timeout 10m ./bench/ -args -api.list-pods=300 -api.watchers=30
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Admission' -benchtime 200x -timeout 10m ./bench/
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'CRDs' -benchtime 200x -timeout 10m ./bench/ -args -crd.count=20
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Scheduler' -benchtime 1x -timeout 10m ./bench/ -args -sched.nodes=200 -sched.pods=300 -sched.affinity-pods=100
-	$(GO) test -count=1 -run '^$$' -bench 'CacheMemory' -benchtime 1x -timeout 10m ./scheduler/ -args -mem.nodes=500 -mem.pods=5000
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'PodStartup' -benchtime 1x -timeout 10m ./bench/ -args -startup.pods=5
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'Workloads' -benchtime 1x -timeout 10m ./bench/ -args -workloads.job-completions=50 -workloads.statefulset-replicas=10 -workloads.nodes=5
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NodeDetection' -benchtime 1x -timeout 10m ./bench/ -args -detect.trials=2 -detect.nodes=50
-	$(GO) test -count=1 -run '^$$' -bench 'GossipConvergence' -benchtime 2x -timeout 10m ./gossip/ -args -gossip.members=10
-	$(GO) test -count=1 -run '^$$' -bench 'BuildRules|Sync|RestoreOnly' -benchtime 1x -timeout 10m ./nodeagent/proxy/ -args -proxy.services=100
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NetworkProgramming|ClusterDNS' -benchtime 1x -timeout 10m ./bench/ -args -netprog.pods=6 -dns.queries=2000
-	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench '^Benchmark(Exec|LogsFollow|PortForward)$$' -benchtime 1x -timeout 10m ./bench/ -args -exec.runs=5 -logs.seconds=2 -pf.mib=16 -pf.runs=1
+# A short run of every benchmark (scripts/smoke.sh), part of `make test`.
+smoke: build
+	scripts/smoke.sh
 
 # Full benchmarks; docs/BENCHMARKS.md records their figures and these commands.
 bench: setup build
@@ -69,8 +51,6 @@ bench: setup build
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NetworkProgramming|ClusterDNS' -benchtime 1x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench '^Benchmark(Exec|LogsFollow|PortForward)$$' -benchtime 1x -timeout 30m ./bench/
 
-# The chaos suite's smoke in `make test`: four rounds, four kinds of fault.
-CHAOS_SMOKE_PLAN := kill-leader,partition-leader,pause-leader,rolling-restart
 # `make chaos`: every fault, at least 100 leader kills, 50 partitions, 20 pauses, 20 interrupted transfers,
 # 10 snapshot installs and 5 full crashes, two faults a round where they may share one; the run lasts until the
 # plan is used up (about 130 rounds, 50 minutes). CHAOS_SEED=N replays a run.

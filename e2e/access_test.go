@@ -141,6 +141,7 @@ func (k kubectl) forbidden(wants []string, args ...string) {
 // TestAccessControl drives authentication, RBAC, the Node authorizer, NodeRestriction, escalation checks
 // and the review APIs with the stock kubectl against a server, each denial through the path that makes it.
 func TestAccessControl(t *testing.T) {
+	parallel(t)
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}

@@ -54,6 +54,7 @@ agent {
 // then drives a pod through its whole life with the stock kubectl: scheduled to an agent's node, Running and
 // Ready, deleted gracefully and confirmed by the agent. An agent with a wrong token stops with a clear error.
 func TestSimulatedAgentRunsPods(t *testing.T) {
+	parallel(t)
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}

@@ -19,6 +19,7 @@ import (
 // One server and one agent serve every part; the CronJob is created first and checked last, so that its
 // minute ticks pass while the Jobs run.
 func TestRealJobs(t *testing.T) {
+	parallelOnHostNetwork(t)
 	requireRealRuntime(t)
 	registry := testimages.StartRegistry(t)
 	images := testimages.Push(t, registry)

@@ -280,6 +280,7 @@ spec:
 // loop backoff; a liveness restart; a bad image; graceful deletion with preStop and SIGTERM, and SIGKILL at
 // the deadline; nothing left behind; and a kill -9 of the agent that does not restart the running pod.
 func TestRealPodLifecycle(t *testing.T) {
+	parallelOnHostNetwork(t)
 	requireRealRuntime(t)
 	registry := testimages.StartRegistry(t)
 	images := testimages.Push(t, registry)

@@ -63,6 +63,7 @@ func (c countingTransport) RoundTrip(req *http.Request) (*http.Response, error) 
 // relisting more than once, and ends with exactly the objects the cluster holds; once the killed server is back,
 // every server holds the same CRDs (same resourceVersions, conditions and columns) and serves the same kinds.
 func TestCustomResourcesAcrossLeaderKill(t *testing.T) {
+	parallel(t)
 	c := proctest.NewCluster(t, 3, "")
 	for _, p := range c.Procs {
 		c.Start(p)

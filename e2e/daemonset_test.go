@@ -155,6 +155,7 @@ func simulatedCluster(t *testing.T, nodes int) kubectl {
 // rollout status` follows; `kubectl rollout history` lists the ControllerRevisions and `kubectl rollout
 // undo` goes back to the first template.
 func TestDaemonSetOnSimulatedNodes(t *testing.T) {
+	parallel(t)
 	k := simulatedCluster(t, 3)
 	k.ok("taint", "node", "sim-2", "dedicated=infra:NoSchedule")
 	dir := t.TempDir()

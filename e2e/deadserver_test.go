@@ -14,6 +14,7 @@ import (
 // (bootstrap_expect 3) stays a voter, since removing it would leave fewer voters than bootstrap_expect; a
 // replacement joins, becomes a voter, and then the dead server is removed; a second dead server stays.
 func TestDeadServerCleanup(t *testing.T) {
+	parallel(t)
 	const cleanup = 5 * time.Second
 	c := proctest.NewCluster(t, 3, fmt.Sprintf("dead_server_cleanup = %q\n", cleanup))
 	for _, p := range c.Procs {

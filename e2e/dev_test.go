@@ -22,6 +22,7 @@ import (
 // `skiff dev` runs a one-server cluster; the operator commands work against it end to end: list-peers,
 // members, snapshot save, inspect and restore, and clear errors for bad requests.
 func TestDevServerOperatorCommands(t *testing.T) {
+	parallel(t)
 	bin := proctest.Binary(t)
 	dir := t.TempDir()
 	// No node agent: this test is about the operator commands (TestDevRunsAPod covers the agent).
@@ -129,6 +130,7 @@ func startDev(t *testing.T, bin, dir string, extra ...string) (cmd *exec.Cmd, ex
 // A newcomer's first steps: `skiff dev` runs a node agent beside its server, with a busybox image that needs
 // no registry, and `kubectl run` gets a pod Running.
 func TestDevRunsAPod(t *testing.T) {
+	parallelOnHostNetwork(t)
 	requireRealRuntime(t)
 	bin := proctest.Binary(t)
 	dir, err := os.MkdirTemp("", "skiff-dev-e2e-") // short: containerd's socket lives under it

@@ -45,6 +45,7 @@ spec:
 // pdb` and `describe pdb` show the disruption controller's status (one disruption allowed), and `kubectl
 // drain` evicts one pod only, reporting the budget for the others until its timeout.
 func TestDrainHonoursDisruptionBudget(t *testing.T) {
+	parallel(t)
 	k := simulatedCluster(t, 1)
 	path := filepath.Join(t.TempDir(), "web.yaml")
 	if err := os.WriteFile(path, []byte(budgetedDeployment), 0o600); err != nil {

@@ -120,6 +120,7 @@ const snapshotOften = "raft {\n  snapshot_threshold = 16\n  snapshot_interval = 
 // Secret's value, the admin token, the cluster CA's key and the service account key are then nowhere in
 // clear in the Raft log, the Raft snapshots or a `snapshot save` file, while a ConfigMap's value is.
 func TestSecretsEncryptedAtRest(t *testing.T) {
+	parallel(t)
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}
@@ -145,6 +146,7 @@ func TestSecretsEncryptedAtRest(t *testing.T) {
 // server restarted with another key (under the same name) refuses to serve, saying it cannot decrypt, and
 // overwrites nothing: with the right key back, the Secret reads again.
 func TestEncryptionConfigurationFile(t *testing.T) {
+	parallel(t)
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}
@@ -218,6 +220,7 @@ func pemBody(t *testing.T, pemBytes []byte) string {
 // Secret and server secret is written with it, and every Secret reads the same through every server, also
 // after a server restarts.
 func TestSecretsEncryptRotate(t *testing.T) {
+	parallel(t)
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}

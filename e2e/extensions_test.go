@@ -46,6 +46,7 @@ func moduleDir(t *testing.T, module string) string {
 // their objects as on kube-apiserver; and a Helm chart with a crds/ folder and templates of its custom kind
 // installs, upgrades and uninstalls.
 func TestCustomResourcesWithKubectl(t *testing.T) {
+	parallel(t)
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}
@@ -331,6 +332,7 @@ func runWithStdin(k kubectl, input string, args ...string) (string, error) {
 // kube-system/extension-apiserver-authentication. Discovery and the other groups keep working while the
 // APIService is unavailable.
 func TestExtensionAPIServer(t *testing.T) {
+	parallel(t)
 	requireRealRuntime(t)
 	// skiff local: the pod reaches the API through the kubernetes Service, and the server reaches the pod
 	// through its route to the agent's pod CIDR (route_pod_cidrs), as on a real network.

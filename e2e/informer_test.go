@@ -60,6 +60,7 @@ func apiAddr(t *testing.T, kubeconfig string) string {
 // another; the informer reconnects to a surviving server and ends with exactly the pods the cluster holds,
 // having missed no delete.
 func TestInformerSurvivesKilledPeer(t *testing.T) {
+	parallel(t)
 	c := proctest.NewCluster(t, 3, "")
 	for _, p := range c.Procs {
 		c.Start(p)

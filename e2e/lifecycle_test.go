@@ -104,6 +104,7 @@ func (k kubectl) waitNodeHealth(name, want string, timeout time.Duration) {
 //   - kill -9 the Raft leader: the new leader marks no live node unreachable;
 //   - a Node with a Lease and no gossip member goes Unknown once the Lease is older than node_lease_grace.
 func TestNodeLifecycleByGossip(t *testing.T) {
+	parallel(t)
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}

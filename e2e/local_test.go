@@ -33,6 +33,7 @@ import (
 //   - gossip is encrypted throughout (skiff local writes an `encrypt` key into every HCL);
 //   - `skiff local down` leaves no namespace, veth or bridge behind.
 func TestLocalHACluster(t *testing.T) {
+	parallel(t)
 	requireRealRuntime(t)
 	dir, err := os.MkdirTemp("", "skiff-local-")
 	if err != nil {

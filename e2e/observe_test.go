@@ -161,6 +161,7 @@ const rotatorFiller = "filler-0123456789abcdefghijklmnopqrstuvwxyz0123456789abcd
 // depend on the leader. (Agents join the gossip pool through server-1 alone; any server reaches any agent on
 // the bridge.)
 func TestLocalObserve(t *testing.T) {
+	parallel(t)
 	requireRealRuntime(t)
 	dir, err := os.MkdirTemp("", "skiff-observe-")
 	if err != nil {

@@ -54,6 +54,7 @@ spec:
 // where Deny binds it, reaches kubectl as a Warning where Warn does, and passes where nothing binds it. A
 // policy whose CEL does not compile is refused with its field path.
 func TestValidatingAdmissionPolicy(t *testing.T) {
+	parallel(t)
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}
@@ -125,6 +126,7 @@ func kubectlStdin(t *testing.T, k kubectl, doc string, args ...string) string {
 //   - PodSecurity: a privileged pod in a restricted namespace is refused with the library's message, a
 //     Deployment with one gets a warning, and baseline admits what it should.
 func TestLimitRangeQuotaPodSecurityWithKubectl(t *testing.T) {
+	parallel(t)
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}

@@ -17,6 +17,7 @@ import (
 // again, serving the same objects. The survivor is the last by name, so the fresh servers come first in any
 // bootstrap plan and must not draw a CA of their own.
 func TestQuorumLossRecovery(t *testing.T) {
+	parallel(t)
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}

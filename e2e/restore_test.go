@@ -21,6 +21,7 @@ import (
 // agent, pointed at them, joins again. The Deployment's pods run again with the same containers, without
 // duplicates, and the pod the snapshot never held is removed from the agent.
 func TestDisasterRestore(t *testing.T) {
+	parallelOnHostNetwork(t)
 	requireRealRuntime(t)
 	registry := testimages.StartRegistry(t)
 	images := testimages.Push(t, registry)

@@ -27,6 +27,7 @@ import (
 // for the healthy cluster, and non-zero once one server is down (failure tolerance 0) and once two are (no
 // quorum).
 func TestRollingRestartUnderLoad(t *testing.T) {
+	parallel(t)
 	c := proctest.NewCluster(t, 3, fmt.Sprintf("token = %q", joinToken))
 	for _, p := range c.Procs {
 		c.Start(p)

@@ -17,6 +17,7 @@ import (
 // there is one attempt of its container); then 100 more with the agent killed -9 and started again while they
 // run. It also runs a pod whose container name is 63 characters long.
 func TestPodsRunOnce(t *testing.T) {
+	parallelOnHostNetwork(t)
 	requireRealRuntime(t)
 	registry := testimages.StartRegistry(t)
 	images := testimages.Push(t, registry)

@@ -27,6 +27,7 @@ const saDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 // pod that opts out has nothing mounted; a pod whose account does not exist is refused. The pod also has the
 // service links of its namespace's Services (enableServiceLinks).
 func TestServiceAccountToken(t *testing.T) {
+	parallel(t)
 	requireRealRuntime(t)
 	dir, err := os.MkdirTemp("", "skiff-satoken-")
 	if err != nil {

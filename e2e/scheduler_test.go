@@ -26,6 +26,7 @@ import (
 //   - the leader, which runs the scheduler, is killed with kill -9 while pods are pending: the new leader's
 //     scheduler binds every pod, and no pod is ever bound to a second node.
 func TestSchedulerWithKubectlAndLeaderFailover(t *testing.T) {
+	parallel(t)
 	if _, err := exec.LookPath("kubectl"); err != nil {
 		t.Skip("kubectl not installed")
 	}

@@ -14,6 +14,7 @@ import (
 // Three `skiff server` processes on 127.0.0.1-3, started in random order from HCL files, form one cluster;
 // after kill -9 of the leader a new leader appears, and the old leader, restarted, rejoins as a follower.
 func TestThreeServerProcessesFailover(t *testing.T) {
+	parallel(t)
 	seed := time.Now().UnixNano()
 	t.Logf("seed %d", seed)
 	r := rand.New(rand.NewSource(seed))

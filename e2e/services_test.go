@@ -114,6 +114,7 @@ func (c serviceCluster) webPods() (ips, nodes map[string]string) {
 // resolution through a kill -9 and restart of the agent, routing and DNS through a kill -9 of the Raft
 // leader, and nothing left behind.
 func TestLocalServices(t *testing.T) {
+	parallelOnHostNetwork(t)
 	requireRealRuntime(t)
 	before, _ := exec.Command("iptables-save").Output()
 	dir, err := os.MkdirTemp("", "skiff-services-")

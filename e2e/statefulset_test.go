@@ -55,6 +55,7 @@ spec:
 // lists the revisions and `kubectl rollout undo` goes back to the first template; `kubectl scale` to 2
 // removes web-2.
 func TestStatefulSetOnSimulatedNodes(t *testing.T) {
+	parallel(t)
 	k := simulatedCluster(t, 2)
 	cfg, err := clientcmd.BuildConfigFromFlags("", k.kubeconfig)
 	if err != nil {

@@ -89,6 +89,7 @@ webhooks:
 // run passes (sideEffects: None). With the webhook pod gone, failurePolicy Fail refuses with a clear message
 // and Ignore admits.
 func TestAdmissionWebhooks(t *testing.T) {
+	parallelOnHostNetwork(t)
 	requireRealRuntime(t)
 	registry := testimages.StartRegistry(t)
 	images := testimages.Push(t, registry)

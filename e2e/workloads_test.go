@@ -21,6 +21,7 @@ import (
 // TestLocalWorkloads runs the workload kinds on `skiff local` (three servers, two agents with containerd),
 // with the stock kubectl, as issue 18's acceptance asks; the subtests share the cluster and run in order.
 func TestLocalWorkloads(t *testing.T) {
+	parallel(t)
 	requireRealRuntime(t)
 	dir, err := os.MkdirTemp("", "skiff-workloads-")
 	if err != nil {

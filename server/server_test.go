@@ -164,7 +164,7 @@ func waitOneCluster(t testing.TB, peers []*testPeer, want int) string {
 	return agreed
 }
 
-var bootstrapTrials = flag.Int("bootstrap.trials", 6, "random start orders in TestBootstrapRandomStartOrders")
+var bootstrapTrials = flag.Int("bootstrap.trials", 2, "random start orders in TestBootstrapRandomStartOrders")
 
 func TestBootstrapRandomStartOrders(t *testing.T) {
 	for trial := 0; trial < *bootstrapTrials; trial++ {

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# `make smoke`: a short run of every benchmark, to show that each still works (the figures of record come from
+# `make bench`; docs/BENCHMARKS.md). Each package's test binary is built once and run once per row, instead of
+# a `go test` per row that links the binary again (about 20 s each on two cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+GO=${GO:-go}
+export SKIFF_BIN=${SKIFF_BIN:-$root/bin/skiff}
+out=$root/bin/test
+mkdir -p "$out"
+
+# package, benchmarks (a regular expression without spaces), -benchtime, then the benchmark's own flags
+table=$(cat <<'ROWS'
+bench            Write                                      300x
+bench            Failover                                   2x
+bench            API                                        200x  -api.list-pods=300 -api.watchers=30
+bench            Admission                                  200x
+bench            CRDs                                       200x  -crd.count=20
+bench            Scheduler                                  1x    -sched.nodes=200 -sched.pods=300 -sched.affinity-pods=100
+scheduler        CacheMemory                                1x    -mem.nodes=500 -mem.pods=5000
+bench            PodStartup                                 1x    -startup.pods=5
+bench            Workloads                                  1x    -workloads.job-completions=50 -workloads.statefulset-replicas=10 -workloads.nodes=5
+bench            NodeDetection                              1x    -detect.trials=2 -detect.nodes=50
+gossip           GossipConvergence                          2x    -gossip.members=10
+nodeagent/proxy  BuildRules|Sync|RestoreOnly                1x    -proxy.services=100
+bench            NetworkProgramming|ClusterDNS              1x    -netprog.pods=6 -dns.queries=2000
+bench            ^Benchmark(Exec|LogsFollow|PortForward)$   1x    -exec.runs=5 -logs.seconds=2 -pf.mib=16 -pf.runs=1
+ROWS
+)
+
+for pkg in $(awk '{print $1}' <<<"$table" | sort -u); do
+	$GO test -c -o "$out/$(tr / - <<<"$pkg").test" "./$pkg"
+done
+while read -r -u 3 pkg bench benchtime args; do
+	start=$(date +%s)
+	# A test binary runs in its package's directory, as `go test` runs it.
+	# shellcheck disable=SC2086 # the flags are words
+	(cd "$pkg" && "$out/$(tr / - <<<"$pkg").test" -test.count=1 -test.run '^$' -test.bench "$bench" \
+		-test.benchtime "$benchtime" -test.timeout 10m $args)
+	echo "smoke: $pkg $bench: $(($(date +%s) - start)) s"
+done 3<<<"$table"
