@@ -142,6 +142,11 @@ func (a *applier) run(ctx context.Context) error {
 		case <-time.After(time.Second):
 		}
 	}
+	// Read discovery now, not when the first file comes, so that a file dropped into an empty folder is
+	// applied without waiting for it.
+	if _, err := a.mapping(schema.GroupKind{Kind: "ConfigMap"}); err != nil && ctx.Err() == nil {
+		a.log.Warn("reading the API's discovery", "error", err)
+	}
 	rescan := time.NewTicker(a.cfg.Rescan)
 	defer rescan.Stop()
 	for {
