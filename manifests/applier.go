@@ -117,11 +117,17 @@ func (a *applier) run(ctx context.Context) error {
 	if err := watcher.Add(a.cfg.Dir); err != nil {
 		a.log.Warn("watching the manifests folder; reading it every rescan instead", "dir", a.cfg.Dir, "error", err)
 	}
-	defer a.queue.ShutDown()
+	// One worker: files apply one at a time, in the order queued. It has finished when run returns, so that
+	// the next term's applier never overlaps this one.
+	var worker sync.WaitGroup
+	worker.Add(1)
 	go func() {
+		defer worker.Done()
 		for a.work(ctx) {
 		}
 	}()
+	defer worker.Wait()
+	defer a.queue.ShutDown()
 	// Every file, and every recorded file, once; in name order, as they are queued.
 	for ctx.Err() == nil {
 		recorded, err := a.recordedFiles(ctx)
