@@ -172,7 +172,7 @@ func (a *applier) run(ctx context.Context) error {
 			}
 			a.log.Warn("watching the manifests folder", "dir", a.cfg.Dir, "error", err)
 		case <-rescan.C:
-			a.rescan(ctx)
+			a.rescan()
 		}
 	}
 }
@@ -194,7 +194,7 @@ func (a *applier) folder() []string {
 }
 
 // rescan queues the files whose content differs from what was last tried, and the tried files now gone.
-func (a *applier) rescan(ctx context.Context) {
+func (a *applier) rescan() {
 	present := map[string]bool{}
 	for _, name := range a.folder() {
 		present[name] = true
