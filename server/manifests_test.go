@@ -100,19 +100,44 @@ func TestManifestsFolder(t *testing.T) {
 			return nil
 		}
 	}
+	// term is the highest Raft term the running servers know: it moves when a leader is elected.
+	term := func() uint64 {
+		var highest uint64
+		for i, p := range peers {
+			if live[i] {
+				highest = max(highest, p.Server.Node().Stats()["term"])
+			}
+		}
+		return highest
+	}
 	// within polls until cond holds, and fails if that took longer than appliedWithin (it polls on, up to a
-	// minute, to say how long it took).
-	within := func(what string, since time.Time, cond func() error) {
+	// minute, to say how long it took) under one leader: an election in the window (the servers' CPU starved
+	// by a loaded machine, with the tests' short Raft timeouts) makes the time one of failover, logged only.
+	within := func(what string, since time.Time, termBefore uint64, cond func() error) {
 		t.Helper()
 		rt.WaitFor(t, what, time.Minute, cond)
-		if took := time.Since(since); took > appliedWithin {
-			t.Fatalf("%s took %v, more than %v", what, took.Round(time.Millisecond), appliedWithin)
-		} else {
-			t.Logf("%s in %v", what, took.Round(time.Millisecond))
+		took := time.Since(since).Round(time.Millisecond)
+		switch after := term(); {
+		case after != termBefore:
+			t.Logf("%s in %v, across an election (term %d to %d): the %v bound is not checked", what, took, termBefore, after, appliedWithin)
+		case took > appliedWithin:
+			t.Fatalf("%s took %v, more than %v", what, took, appliedWithin)
+		default:
+			t.Logf("%s in %v", what, took)
 		}
 	}
 
+	// 0. The cluster settles first: the timings below are of a running cluster's leader, not of one whose
+	// controllers are still starting (kube-root-ca.crt is published once they run), and of an applier that
+	// has started (a first file applied).
+	rt.WaitFor(t, "the controllers to run", time.Minute, func() error { _, err := cm("default", "kube-root-ca.crt"); return err })
+	put("warmup.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: warmup}\n")
+	rt.WaitFor(t, "a first file applied", time.Minute, func() error { _, err := cm("default", "warmup"); return err })
+	remove("warmup.yaml")
+	rt.WaitFor(t, "the first file's object deleted", time.Minute, gone("default", "warmup"))
+
 	// 1. A new file: a namespace and two ConfigMaps, one without a namespace (default).
+	t0 := term()
 	start := put("web.yaml", `apiVersion: v1
 kind: ConfigMap
 metadata:
@@ -131,7 +156,7 @@ metadata:
   name: cm-b
 data: {v: "1"}
 `)
-	within("web.yaml applied", start, all(hasData("mf", "cm-a", "v", "1"), hasData("default", "cm-b", "v", "1")))
+	within("web.yaml applied", start, t0, all(hasData("mf", "cm-a", "v", "1"), hasData("default", "cm-b", "v", "1")))
 	a, err := cm("mf", "cm-a")
 	if err != nil {
 		t.Fatal(err)
@@ -148,6 +173,7 @@ data: {v: "1"}
 	}
 
 	// 2. The file changes: cm-a again, cm-b leaves the file, cm-c joins it.
+	t0 = term()
 	start = put("web.yaml", `apiVersion: v1
 kind: Namespace
 metadata:
@@ -167,9 +193,10 @@ metadata:
   namespace: mf
 data: {v: "1"}
 `)
-	within("web.yaml re-applied", start, all(hasData("mf", "cm-a", "v", "2"), hasData("mf", "cm-c", "v", "1"), gone("default", "cm-b")))
+	within("web.yaml re-applied", start, t0, all(hasData("mf", "cm-a", "v", "2"), hasData("mf", "cm-c", "v", "1"), gone("default", "cm-b")))
 
 	// 3. A file that does not parse, and one the API refuses in part, beside a good one.
+	t0 = term()
 	start = put("bad.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x\n")
 	put("refused.yaml", `apiVersion: v1
 kind: ConfigMap
@@ -181,7 +208,7 @@ kind: ConfigMap
 metadata: {name: Not_A_Name}
 `)
 	put("good.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: good-1}\ndata: {v: \"1\"}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: good-2}\ndata: {v: \"1\"}\n")
-	within("good.yaml and refused.yaml's good object applied", start, all(hasData("default", "good-1", "v", "1"), hasData("default", "refused-good", "v", "1")))
+	within("good.yaml and refused.yaml's good object applied", start, t0, all(hasData("default", "good-1", "v", "1"), hasData("default", "refused-good", "v", "1")))
 	event := func(file, reason string) func() error {
 		return func() error {
 			list, err := client.CoreV1().Events(manifests.RecordNamespace).List(ctx, metav1.ListOptions{})
@@ -235,8 +262,9 @@ metadata: {name: Not_A_Name}
 	rt.WaitFor(t, "late.yaml applied by the new leader", time.Minute, hasData("default", "late", "v", "1"))
 	t.Logf("late.yaml applied %v after it was written, across the leader change", time.Since(start).Round(time.Millisecond))
 	// Once it leads, the new leader applies a new file within the same bound.
+	t0 = term()
 	start = put("later.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: later}\ndata: {v: \"1\"}\n")
-	within("later.yaml applied by the new leader", start, hasData("default", "later", "v", "1"))
+	within("later.yaml applied by the new leader", start, t0, hasData("default", "later", "v", "1"))
 	// What a file dropped, and what a removed file held, recorded by the old leader, is deleted by the new one.
 	put("good.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: good-1}\ndata: {v: \"2\"}\n")
 	remove("web.yaml")
