@@ -257,7 +257,9 @@ func (a *applier) work(ctx context.Context) bool {
 		if ctx.Err() != nil {
 			return true
 		}
-		a.log.Warn("applying a manifest", "file", filepath.Join(a.cfg.Dir, name), "error", err)
+		if !errors.As(err, new(reported)) {
+			a.log.Warn("applying a manifest; trying again", "file", filepath.Join(a.cfg.Dir, name), "error", err)
+		}
 		a.queue.AddRateLimited(name)
 		return true
 	}
@@ -265,8 +267,8 @@ func (a *applier) work(ctx context.Context) bool {
 	return true
 }
 
-// errParse is a file that does not parse: reported, and tried again only when the file changes.
-type errParse struct{ error }
+// reported is an error sync has logged and made an Event of already.
+type reported struct{ error }
 
 // sync brings the cluster to a file:
 //  1. read and parse it; a file that is gone deletes what its record lists, then the record;
@@ -364,7 +366,7 @@ func (a *applier) sync(ctx context.Context, name string) error {
 		msg := fmt.Sprintf("%s: %s", path, strings.Join(errs, "; "))
 		a.event(name, cm, corev1.EventTypeWarning, "ApplyFailed", "%s", msg)
 		a.log.Error("a manifest was not wholly applied; trying again", "file", path, "errors", strings.Join(errs, "; "))
-		return errors.New(rec.Error)
+		return reported{errors.New(rec.Error)}
 	}
 	if err != nil {
 		return err
@@ -405,7 +407,8 @@ func (a *applier) removed(ctx context.Context, name string, rec Record, cm *core
 		rec.Objects, rec.Error = kept, strings.Join(errs, "; ")
 		cm, _ = a.putRecord(ctx, name, rec, cm)
 		a.event(name, cm, corev1.EventTypeWarning, "DeleteFailed", "%s (removed): %s", filepath.Join(a.cfg.Dir, name), rec.Error)
-		return errors.New(rec.Error)
+		a.log.Error("a removed manifest's objects were not all deleted; trying again", "file", filepath.Join(a.cfg.Dir, name), "errors", rec.Error)
+		return reported{errors.New(rec.Error)}
 	}
 	err := a.kube.CoreV1().ConfigMaps(RecordNamespace).Delete(ctx, cm.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &cm.UID}})
 	if err != nil && !apierrors.IsNotFound(err) {
