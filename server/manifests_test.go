@@ -27,7 +27,8 @@ const appliedWithin = 2 * time.Second
 // TestManifestsFolder: on three servers, each with its own copy of the manifests folder, a file dropped in is
 // applied within 2 s (labelled, under the skiff-manifests field manager), a change is applied again and what
 // the file no longer holds is deleted, a removed file's objects are deleted, and a file that does not parse or
-// that the API refuses in part is an Event on its record while the other files apply. Then the leader stops,
+// that the API refuses in part is an Event on its record while the other files apply; an object moved to
+// another file is not deleted by the file it left. Then the leader stops,
 // and the new leader, which has only its own folder and the records in the cluster, goes on: a new file is
 // applied, and what a file dropped, or a removed file had, is deleted; nothing is left twice or orphaned.
 func TestManifestsFolder(t *testing.T) {
@@ -227,6 +228,25 @@ metadata: {name: Not_A_Name}
 	}
 	rt.WaitFor(t, "the bad files' events", 30*time.Second, all(event("bad.yaml", "ParseFailed"), event("refused.yaml", "ApplyFailed")))
 
+	// 3b. An object moved to another file is not deleted by the file it left: good-2 goes to moved.yaml, and
+	// good.yaml, re-applied without it, leaves it be.
+	put("moved.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: good-2}\ndata: {v: moved}\n")
+	rt.WaitFor(t, "good-2 taken over by moved.yaml", 30*time.Second, hasData("default", "good-2", "v", "moved"))
+	put("good.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: good-1}\ndata: {v: \"2\"}\n---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: good-3}\ndata: {v: \"1\"}\n")
+	rt.WaitFor(t, "good.yaml's record without good-2", 30*time.Second, func() error {
+		rec, err := cm(manifests.RecordNamespace, manifests.RecordName("good.yaml"))
+		if err != nil {
+			return err
+		}
+		if objs := rec.Data["objects"]; strings.Contains(objs, "good-2") || !strings.Contains(objs, "good-3") {
+			return fmt.Errorf("good.yaml's record lists %s", objs)
+		}
+		return nil
+	})
+	if err := hasData("default", "good-2", "v", "moved")(); err != nil {
+		t.Fatalf("good-2, moved to moved.yaml, after good.yaml dropped it: %v", err)
+	}
+
 	// 4. A removed file's objects go.
 	remove("refused.yaml")
 	rt.WaitFor(t, "refused.yaml's object deleted", 30*time.Second, gone("default", "refused-good"))
@@ -266,10 +286,11 @@ metadata: {name: Not_A_Name}
 	start = put("later.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: later}\ndata: {v: \"1\"}\n")
 	within("later.yaml applied by the new leader", start, t0, hasData("default", "later", "v", "1"))
 	// What a file dropped, and what a removed file held, recorded by the old leader, is deleted by the new one.
-	put("good.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: good-1}\ndata: {v: \"2\"}\n")
+	put("good.yaml", "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: good-1}\ndata: {v: \"3\"}\n")
 	remove("web.yaml")
 	remove("bad.yaml")
-	rt.WaitFor(t, "the old leader's objects deleted by the new one", time.Minute, all(gone("default", "good-2"), hasData("default", "good-1", "v", "2"),
+	remove("moved.yaml")
+	rt.WaitFor(t, "the old leader's objects deleted by the new one", time.Minute, all(gone("default", "good-3"), gone("default", "good-2"), hasData("default", "good-1", "v", "3"),
 		gone("mf", "cm-a"), gone("mf", "cm-c"), func() error {
 			ns, err := client.CoreV1().Namespaces().Get(ctx, "mf", metav1.GetOptions{})
 			if err == nil && ns.DeletionTimestamp == nil {
