@@ -86,6 +86,9 @@ type ServerBlock struct {
 	// that the API reaches webhooks and extension API servers that run in pods, when the servers share an L2
 	// network with the nodes (docs/networking.md).
 	RoutePodCIDRs *bool `hcl:"route_pod_cidrs,optional"`
+	// ManifestsDir is the folder whose YAML and JSON files the leader applies (default <data_dir>/manifests);
+	// every server has its own, and operators keep the same files in each (docs/operations.md).
+	ManifestsDir *string `hcl:"manifests_dir,optional"`
 }
 
 // PodSecurityBlock is `server { pod_security { ... } }`: Kubernetes' PodSecurity admission defaults (the
@@ -185,6 +188,8 @@ type Server struct {
 	SecretsEncryption bool
 	// RoutePodCIDRs: the server routes every Node's pod CIDR via the Node's InternalIP.
 	RoutePodCIDRs bool
+	// ManifestsDir is the auto-applied manifests folder (see ServerBlock).
+	ManifestsDir string
 }
 
 // PodSecurity holds the PodSecurity admission's default levels and versions (for namespaces without labels)
@@ -303,6 +308,11 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 	}
 	if s.DataDir == "" {
 		s.DataDir = filepath.Join("/var/lib/skiff", s.Name)
+	}
+	if s.ManifestsDir = filepath.Join(s.DataDir, "manifests"); f.Server.ManifestsDir != nil {
+		if s.ManifestsDir = *f.Server.ManifestsDir; s.ManifestsDir == "" {
+			errs.add(src, "server.manifests_dir", "must not be empty; leave it out for <data_dir>/manifests")
+		}
 	}
 	if ip := net.ParseIP(s.BindAddr); ip == nil {
 		errs.add(src, "bind_addr", fmt.Sprintf("%q is not an IP address", s.BindAddr))

@@ -97,6 +97,7 @@ func TestServerErrorsNameFileLineAndKey(t *testing.T) {
 		{"token with a bad CA hash", "server {\n  token = \"K10abc::0123456789abcdef\"\n}\n", ":2: server.token: the CA hash after \"K10\" must be 64 hex digits"},
 		{"no token for three servers", "server {\n  bootstrap_expect = 3\n}\n", ":1: server.token: is required with bootstrap_expect = 3"},
 		{"bad retry_join", "server {\n  retry_join = [\"a:b:c\"]\n}\n", ":2: server.retry_join: entry 0"},
+		{"empty manifests_dir", "server {\n  manifests_dir = \"\"\n}\n", ":2: server.manifests_dir: must not be empty"},
 		{"bad encrypt key", "encrypt = \"c2hvcnQ=\"\n", ":1: encrypt: must be a base64 key of 16, 24 or 32 bytes"},
 	}
 	for _, tc := range cases {
@@ -133,6 +134,21 @@ func TestClusterDNSDefaultsToTheTenthServiceAddress(t *testing.T) {
 		}
 		if s.ClusterDNS != tc.dns || s.ClusterDomain != tc.domain {
 			t.Errorf("%q: cluster DNS %s %s, want %s %s", tc.body, s.ClusterDNS, s.ClusterDomain, tc.dns, tc.domain)
+		}
+	}
+}
+
+func TestManifestsDirDefaultsUnderTheDataDir(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{"data_dir = \"/srv/skiff\"\n", "/srv/skiff/manifests"},
+		{"data_dir = \"/srv/skiff\"\nserver {\n  manifests_dir = \"/etc/skiff/manifests\"\n}\n", "/etc/skiff/manifests"},
+	} {
+		s, err := LoadServer(writeFile(t, tc.body), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.ManifestsDir != tc.want {
+			t.Errorf("%q: manifests dir %s, want %s", tc.body, s.ManifestsDir, tc.want)
 		}
 	}
 }

@@ -84,6 +84,12 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, err
 	}
+	// Every server has the manifests folder, for the operator to fill; the leader applies it.
+	if cfg.ManifestsDir != "" {
+		if err := os.MkdirAll(cfg.ManifestsDir, 0o755); err != nil {
+			return nil, fmt.Errorf("creating the manifests folder: %w", err)
+		}
+	}
 	s := &Server{cfg: cfg, logger: logger, logTail: opts.LogTail, reg: prometheus.NewRegistry(), done: make(chan struct{}), rbacPolicyReady: make(chan struct{}),
 		pki: &raftPKI{dir: filepath.Join(cfg.DataDir, signingCADir)}}
 	var err error
@@ -149,6 +155,7 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 	s.node.OnLeadership("system-objects", s.runSystemObjects)
 	s.node.OnLeadership("controllers", s.runControllers)
 	s.node.OnLeadership("scheduler", s.runScheduler)
+	s.node.OnLeadership("manifests", s.runManifests)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	s.cancel = cancel
