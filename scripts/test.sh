@@ -30,9 +30,12 @@ phase() {
 }
 
 unit_lane() {
-	phase unit "${gotest[@]}" -race -timeout 20m -skip '^(TestChaos|TestFaults)$' ./fsm/... ./config/... \
-		./gossip/... ./server/... ./apiserver/... ./scheduler/... ./controller/... ./nodeagent/... \
-		./internal/... ./localcluster/... ./chaos/... || return
+	# Every package but the Raft one (run before), the process-level e2e tests and the benchmarks; the chaos
+	# package's long suites have their own phase and `make chaos`.
+	local pkgs
+	pkgs=$($GO list ./... | grep -v -E '/(raftnode|e2e|bench)(/|$)')
+	# shellcheck disable=SC2086 # one package a word
+	phase unit "${gotest[@]}" -race -timeout 20m -skip '^(TestChaos|TestFaults)$' $pkgs || return
 	# conformance/smoke.txt's tests, as `make conformance-smoke` (without its build: bin/skiff is in use).
 	phase conformance-smoke env CONFORMANCE_TESTS=conformance/smoke.txt CONFORMANCE_TIMEOUT=15m conformance/run.sh
 }
