@@ -487,17 +487,28 @@ type leaveIntent struct {
 }
 
 // sendToAlive sends msg to every other alive member at once, waiting at most timeout for them all.
+//
+// The members come from the pool's own table, not memberlist's Members(): those are pointers into
+// memberlist's state, whose address fields it rewrites under its own lock when a member's alive message comes
+// (a leaving member's metadata update, say), and SendReliable reads them without it (a data race seen under
+// -race when two members left at once).
 func (p *Pool) sendToAlive(msg []byte, timeout time.Duration) {
 	var wg sync.WaitGroup
-	for _, n := range p.ml.Members() {
-		if n.Name == p.cfg.Name {
+	for _, m := range p.Alive("") {
+		if m.Name == p.cfg.Name {
 			continue
 		}
+		host, port, err := net.SplitHostPort(m.Addr)
+		n, perr := strconv.Atoi(port)
+		if err != nil || perr != nil {
+			continue
+		}
+		node := &memberlist.Node{Name: m.Name, Addr: net.ParseIP(host), Port: uint16(n)}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := p.ml.SendReliable(n, msg); err != nil {
-				p.logger.Debug("sending to member", "member", n.Name, "error", err)
+			if err := p.ml.SendReliable(node, msg); err != nil {
+				p.logger.Debug("sending to member", "member", node.Name, "error", err)
 			}
 		}()
 	}

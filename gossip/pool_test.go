@@ -262,3 +262,51 @@ func TestLeaveIntentOrdering(t *testing.T) {
 		t.Fatalf("a stale intent: %s, want dead", got)
 	}
 }
+
+// TestMembersLeavingTogether has three of four members leave at once: each announces its leave to the others
+// while their own announcements update its memberlist's view of them, which the race detector flagged when
+// the leave intent was sent to memberlist's own node records. The fourth sees every one of them as left.
+func TestMembersLeavingTogether(t *testing.T) {
+	var pools []*Pool
+	var join []string
+	for i := 0; i < 4; i++ {
+		port := freeport.One(t)
+		// Each joins every member before it (push-pull with each), so that all see all at once rather than
+		// at the next periodic push-pull.
+		join = append(join, fmt.Sprintf("127.0.0.1:%d", port))
+		p, err := New(Config{
+			Name: fmt.Sprintf("m%d", i), BindAddr: "127.0.0.1", BindPort: port, RetryJoin: slices.Clone(join),
+			RetryInterval: 50 * time.Millisecond, Local: true, Meta: Meta{Role: RoleServer},
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Shutdown() })
+		pools = append(pools, p)
+	}
+	waitFor(t, "four alive members everywhere", func() bool {
+		for _, p := range pools {
+			if len(p.Alive("")) != 4 {
+				return false
+			}
+		}
+		return true
+	})
+	done := make(chan error, 3)
+	for _, p := range pools[1:] {
+		go func() { done <- p.Leave(time.Second) }()
+	}
+	for range pools[1:] {
+		if err := <-done; err != nil {
+			t.Errorf("leave: %v", err)
+		}
+	}
+	waitFor(t, "m1, m2 and m3 to have left", func() bool {
+		for _, name := range []string{"m1", "m2", "m3"} {
+			if m, _ := pools[0].Member(name); m.Status != StatusLeft {
+				return false
+			}
+		}
+		return true
+	})
+}
