@@ -109,3 +109,18 @@ dev: setup build
 
 clean:
 	rm -rf bin
+
+# The release build: no file paths of this machine (-trimpath), no symbol table or DWARF (-s -w), the version
+# stamped. no_dynamic_plugins is containerd's tag that drops its Go plugin loader (and so the standard library's
+# plugin package, which makes the linker export every symbol as a dynamic one); Skiff loads no containerd
+# plugins. docs/BENCHMARKS.md has the sizes.
+RELEASE_DIR   := bin/release
+RELEASE_TAGS  := no_dynamic_plugins
+RELEASE_FLAGS := -trimpath -tags '$(RELEASE_TAGS)' -ldflags "-s -w -X github.com/skiff-dev/skiff/internal/version.Version=$(VERSION)"
+.PHONY: release
+
+release:
+	$(GO) build $(RELEASE_FLAGS) -o $(RELEASE_DIR)/skiff ./cmd/skiff
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(RELEASE_DIR)/skiff-pause ./cmd/skiff-pause
+	@ls -l $(RELEASE_DIR)/skiff $(RELEASE_DIR)/skiff-pause
+	@$(RELEASE_DIR)/skiff version
