@@ -56,41 +56,64 @@ getent passwd skiff || fail "no skiff user"
 stat -c '%U:%G %a %n' /etc/skiff /etc/skiff/server.hcl /etc/skiff/agent.hcl /var/lib/skiff /var/lib/skiff/server /var/lib/skiff/agent
 [ "$(stat -c %U /var/lib/skiff/server)" = skiff ] || fail "/var/lib/skiff/server is not the skiff user's"
 
-echo "== the server, from skiff-server.service's ExecStart, as its User"
-server_user=$(unitline skiff-server.service User)
-server_cmd=$(unitline skiff-server.service ExecStart)
-echo "setpriv --reuid $server_user --regid $server_user --init-groups $server_cmd"
-# shellcheck disable=SC2086 # the unit's command line, split as systemd splits this one (no quotes in it)
-setpriv --reuid "$server_user" --regid "$server_user" --init-groups $server_cmd >/tmp/server.log 2>&1 &
-server_pid=$!
-waitfor 180 "server /readyz" curl -ksf https://127.0.0.1:6443/readyz
-waitfor 60 "server join token" test -s /var/lib/skiff/server/join-token
-token=$(cat /var/lib/skiff/server/join-token)
-admin=$(cat /var/lib/skiff/server/admin-token)
+# start_server and start_agent run the units' ExecStart lines (and ExecStartPre, ignoring a failure where the
+# line says so) as the units' users; stop_both stops them as systemd would: SIGTERM, to the agent's main
+# process only (KillMode=process).
+start_server() {
+	local user cmd
+	user=$(unitline skiff-server.service User)
+	cmd=$(unitline skiff-server.service ExecStart)
+	echo "setpriv --reuid $user --regid $user --init-groups $cmd"
+	# shellcheck disable=SC2086 # the unit's command line, split as systemd splits this one (no quotes in it)
+	setpriv --reuid "$user" --regid "$user" --init-groups $cmd >>/tmp/server.log 2>&1 &
+	server_pid=$!
+	waitfor 180 "server /readyz" curl -ksf https://127.0.0.1:6443/readyz
+}
+start_agent() {
+	local pre cmd
+	while IFS= read -r pre; do
+		echo "ExecStartPre: $pre"
+		${pre#-} || [ "${pre:0:1}" = - ] || fail "ExecStartPre $pre failed"
+	done < <(sed -n 's/^ExecStartPre=//p' /lib/systemd/system/skiff-agent.service)
+	cmd=$(unitline skiff-agent.service ExecStart)
+	echo "$cmd"
+	$cmd >>/tmp/agent.log 2>&1 &
+	agent_pid=$!
+	waitfor 240 "node $node Ready" ready
+	echo "node $node: $(tr -d ' \n' </tmp/node.json | grep -o '"type":"Ready","status":"True"[^}]*}')"
+}
+stop_both() {
+	kill -TERM "$agent_pid"
+	wait "$agent_pid" || true
+	kill -TERM "$server_pid"
+	wait "$server_pid" || true
+	for p in /proc/[0-9]*; do
+		cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
+		case "$cmd" in *containerd*|*skiff*) echo "left running after stop (as the units intend): ${p#/proc/} $cmd" ;; esac
+	done
+}
 api() {
 	local path=$1
 	shift
 	curl -ksf -H "Authorization: Bearer $admin" "$@" "https://127.0.0.1:6443$path"
 }
+node=$(hostname)
+ready() { api "/api/v1/nodes/$node" >/tmp/node.json && tr -d ' \n' </tmp/node.json | grep -c '"type":"Ready","status":"True"' >/dev/null; }
+running() { api /api/v1/namespaces/default/pods/pkgtest >/tmp/pod.json && tr -d ' \n' </tmp/pod.json | grep -c '"phase":"Running"' >/dev/null; }
+
+echo "== the server, from skiff-server.service's ExecStart, as its User"
+start_server
+waitfor 60 "server join token" test -s /var/lib/skiff/server/join-token
+token=$(cat /var/lib/skiff/server/join-token)
+admin=$(cat /var/lib/skiff/server/admin-token)
 skiff operator raft list-peers -kubeconfig /var/lib/skiff/server/admin.kubeconfig
 
 echo "== the agent, from skiff-agent.service's ExecStart, as root; the example with its token set"
 # The one edit the shipped example asks for (its own comment's command).
 sed -i "s|^  token .*|  token   = \"$token\"|" /etc/skiff/agent.hcl
-while IFS= read -r pre; do
-	echo "ExecStartPre: $pre"
-	${pre#-} || [ "${pre:0:1}" = - ] || fail "ExecStartPre $pre failed"
-done < <(sed -n 's/^ExecStartPre=//p' /lib/systemd/system/skiff-agent.service)
-agent_cmd=$(unitline skiff-agent.service ExecStart)
-echo "$agent_cmd"
-$agent_cmd >/tmp/agent.log 2>&1 &
-agent_pid=$!
-node=$(hostname)
-ready() { api "/api/v1/nodes/$node" >/tmp/node.json && tr -d ' \n' </tmp/node.json | grep -c '"type":"Ready","status":"True"' >/dev/null; }
-waitfor 240 "node $node Ready" ready
-echo "node $node: $(tr -d ' \n' </tmp/node.json | grep -o '"type":"Ready","status":"True"[^}]*}')"
+start_agent
 
-echo "== a pod (the agent's own pause image, an emptyDir), for the teardown to remove"
+echo "== a pod (the agent's own pause image, an emptyDir), for the upgrade to keep and the teardown to remove"
 pod='{"apiVersion":"v1","kind":"Pod","metadata":{"name":"pkgtest","namespace":"default"},"spec":{
  "containers":[{"name":"c","image":"skiff.local/pause:1","imagePullPolicy":"IfNotPresent",
   "volumeMounts":[{"name":"scratch","mountPath":"/scratch"}]}],"volumes":[{"name":"scratch","emptyDir":{}}]}}'
@@ -99,21 +122,37 @@ create() {
 		api /api/v1/namespaces/default/pods -X POST -H 'Content-Type: application/json' -d "$pod"
 }
 waitfor 60 "pod created" create
-running() { api /api/v1/namespaces/default/pods/pkgtest >/tmp/pod.json && tr -d ' \n' </tmp/pod.json | grep -c '"phase":"Running"' >/dev/null; }
 waitfor 90 "pod Running" running
 echo "network namespaces: $(ls /run/netns | tr '\n' ' ')"
 echo "links: $(ip -o link show | awk -F': ' '{print $2}' | tr '\n' ' ')"
 echo "iptables chains of skiff's: $(iptables-save | grep -c '^:SKIFF')"
 
+echo "== upgrade: stop both, dpkg -i of a newer version, start both again"
+stop_both
+# The containers' stdio processes: argv[0] is skiff-container-io.
+ioprocs() {
+	local p
+	for p in /proc/[0-9]*; do
+		if [ "$(tr '\0' '\n' <"$p/cmdline" 2>/dev/null | head -n 1 || true)" = skiff-container-io ]; then echo "${p#/proc/}"; fi
+	done | sort | tr '\n' ' '
+}
+io_before=$(ioprocs)
+[ -n "$io_before" ] || fail "no skiff-container-io process before the upgrade"
+dpkg -i /tmp/skiff-upgrade.deb
+dpkg -s skiff | grep -E '^Version:'
+grep -qF "token   = \"$token\"" /etc/skiff/agent.hcl || fail "the upgrade did not keep the edited /etc/skiff/agent.hcl"
+echo "ok: the edited conffile kept"
+io_after=$(ioprocs)
+[ "$io_before" = "$io_after" ] || fail "the upgrade changed the container's processes: $io_before, then $io_after"
+echo "ok: the pod's container kept running through the upgrade"
+start_server
+start_agent
+waitfor 60 "pod Running after the upgrade" running
+tr -d ' \n' </tmp/pod.json | grep -q '"restartCount":0' || fail "the pod's container restarted over the upgrade"
+echo "ok: the pod's container was not restarted"
+
 echo "== stop both as systemd would"
-kill -TERM "$agent_pid"   # KillMode=process: the main process only
-wait "$agent_pid" || true
-kill -TERM "$server_pid"
-wait "$server_pid" || true
-for p in /proc/[0-9]*; do
-	cmd=$(tr '\0' ' ' <"$p/cmdline" 2>/dev/null) || continue
-	case "$cmd" in *containerd*|*skiff*) echo "left running after stop (as the units intend): ${p#/proc/} $cmd" ;; esac
-done
+stop_both
 
 echo "== dpkg --purge"
 dpkg --purge skiff

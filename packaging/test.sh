@@ -6,9 +6,12 @@
 #     namespace, a mount namespace and a PID namespace of its own, so nothing it does reaches this machine.
 #  3. dpkg -i; systemd-analyze verify on both units; the skiff user and the directories.
 #  4. A server and an agent started from the units' ExecStart lines (as the units' users) with the shipped
-#     /etc/skiff examples, the agent's only edit being its join token; the server's /readyz, the Node Ready.
-#  5. Both stopped as systemd would (SIGTERM; the agent's unit has KillMode=process, so its private
-#     containerd stays), then dpkg --purge; nothing left: files, the user, iptables rules, mounts, network
+#     /etc/skiff examples, the agent's only edit being its join token; the server's /readyz, the Node Ready,
+#     a pod Running.
+#  5. An upgrade to the same package as a newer version: the edited conffile kept, the pod's container running
+#     through it and not restarted once both are started again.
+#  6. Both stopped as systemd would (SIGTERM; the agent's unit has KillMode=process, so the pod's processes and
+#     the node's DNS process stay), then dpkg --purge; nothing left: files, the user, iptables rules, mounts, network
 #     namespaces, the bridge, processes.
 # Everything it makes (the chroot, the namespaces) goes when it ends, failed or not.
 #
@@ -68,6 +71,11 @@ else
 fi
 cp "$deb" "$root/tmp/skiff.deb"
 cp "$(dirname "$0")/test-inside.sh" "$root/tmp/test-inside.sh"
+# The same package as a newer version, for the upgrade.
+dpkg-deb -R "$deb" "$work/upgrade"
+sed -i "s/^Version: .*/&+pkgtest1/" "$work/upgrade/DEBIAN/control"
+dpkg-deb -Znone -b "$work/upgrade" "$root/tmp/skiff-upgrade.deb" >/dev/null
+rm -rf "$work/upgrade"
 
 ip netns add "$ns"
 # A PID namespace whose init is the chroot's script (its end kills whatever is left), a private mount
