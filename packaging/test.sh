@@ -22,8 +22,12 @@ set -euo pipefail
 deb=$(realpath "${1:?usage: packaging/test.sh skiff_VERSION_amd64.deb}")
 suite=${SKIFF_PKGTEST_SUITE:-bookworm}
 [ "$(id -u)" = 0 ] || { echo "package-test: run as root" >&2; exit 1; }
+if ! command -v mmdebstrap >/dev/null; then
+	echo "package-test: installing mmdebstrap"
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends mmdebstrap >/dev/null
+fi
 for tool in dpkg-deb mmdebstrap ip unshare nsenter; do
-	command -v "$tool" >/dev/null || { echo "package-test: $tool is missing (apt-get install mmdebstrap iproute2)" >&2; exit 1; }
+	command -v "$tool" >/dev/null || { echo "package-test: $tool is missing" >&2; exit 1; }
 done
 
 work=$(mktemp -d /var/tmp/skiff-pkgtest.XXXXXX)
