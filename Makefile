@@ -89,3 +89,35 @@ dev: setup build
 
 clean:
 	rm -rf bin
+
+# The release build: no file paths of this machine (-trimpath), no symbol table or DWARF (-s -w), the version
+# stamped. no_dynamic_plugins is containerd's tag that drops its Go plugin loader (and so the standard library's
+# plugin package, which makes the linker export every symbol as a dynamic one); Skiff loads no containerd
+# plugins. docs/BENCHMARKS.md has the sizes.
+RELEASE_DIR   := bin/release
+RELEASE_TAGS  := no_dynamic_plugins
+RELEASE_FLAGS := -trimpath -tags '$(RELEASE_TAGS)' -ldflags "-s -w -X github.com/skiff-dev/skiff/internal/version.Version=$(VERSION)"
+# Debian versions start with a digit: v1.2.3 is 1.2.3, v1.2.3-rc.1 1.2.3~rc.1 (before 1.2.3), v1.2.3-4-gabc
+# (a commit after the tag) 1.2.3+4.gabc, and a tree without a tag 0.0.0~git<commit name>.
+DEB_VERSION   ?= $(shell echo '$(VERSION)' | sed -E -e 's/^v([0-9])/\1/' -e 's/-([0-9]+)-g([0-9a-f]+)/+\1.g\2/' -e '/^[0-9]+\./!s/^/0.0.0~git/' -e 's/[^A-Za-z0-9.+~]/~/g')
+DEB           := bin/skiff_$(DEB_VERSION)_amd64.deb
+
+.PHONY: release package package-test
+
+release:
+	$(GO) build $(RELEASE_FLAGS) -o $(RELEASE_DIR)/skiff ./cmd/skiff
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(RELEASE_DIR)/skiff-pause ./cmd/skiff-pause
+	@ls -l $(RELEASE_DIR)/skiff $(RELEASE_DIR)/skiff-pause
+	@$(RELEASE_DIR)/skiff version
+
+# The Debian package of the release build: packaging/nfpm.yaml, built by nfpm, a tool of packaging/go.mod's
+# own module (so that the main module does not depend on it).
+package: release
+	cd packaging && $(GO) build -o ../bin/nfpm github.com/goreleaser/nfpm/v2/cmd/nfpm
+	SKIFF_DEB_VERSION='$(DEB_VERSION)' SKIFF_RELEASE_DIR='$(RELEASE_DIR)' bin/nfpm package --config packaging/nfpm.yaml --packager deb --target $(DEB)
+	@ls -l $(DEB)
+
+# Installs the package into a fresh Debian chroot (mmdebstrap), checks its contents and units, starts a server
+# and an agent from the units' command lines, purges it and checks nothing is left; packaging/test.sh.
+package-test: package
+	packaging/test.sh $(DEB)
