@@ -7,18 +7,28 @@ import (
 	"time"
 
 	certificatesv1 "k8s.io/api/certificates/v1"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/apiserver/pkg/admission"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
+	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/kubernetes/pkg/apis/certificates"
 	kubecertificatesv1 "k8s.io/kubernetes/pkg/apis/certificates/v1"
+	"k8s.io/kubernetes/pkg/apis/core"
+	kubecorev1 "k8s.io/kubernetes/pkg/apis/core/v1"
+	corevalidation "k8s.io/kubernetes/pkg/apis/core/validation"
 	csrregistry "k8s.io/kubernetes/pkg/registry/certificates/certificates"
+	ctbregistry "k8s.io/kubernetes/pkg/registry/certificates/clustertrustbundle"
+	pcrregistry "k8s.io/kubernetes/pkg/registry/certificates/podcertificaterequest"
 	"k8s.io/kubernetes/plugin/pkg/admission/certificates/approval"
+	"k8s.io/kubernetes/plugin/pkg/admission/certificates/ctbattest"
 	"k8s.io/kubernetes/plugin/pkg/admission/certificates/signing"
 	"k8s.io/kubernetes/plugin/pkg/admission/certificates/subjectrestriction"
+	"k8s.io/utils/clock"
 )
 
 // CertificateSigningRequests (certificates.k8s.io/v1) are Kubernetes' own contract end to end: kube's registry
@@ -27,6 +37,13 @@ import (
 // CertificateSubjectRestriction admission plugins. They all work on kube's internal type; Skiff stores v1, so
 // the objects are converted there and back with kube's generated conversions (kubestrategy.go's adapter,
 // internalValidation).
+//
+// ClusterTrustBundles and PodCertificateRequests (certificates.k8s.io/v1, GA in 1.37; kube-apiserver serves
+// their v1beta1 only when asked to, so Skiff serves v1 alone) are served the same way: kube's strategies,
+// validation and printers; kube's ClusterTrustBundleAttest admission (a bundle that names a signer needs the
+// `attest` verb on it); a PodCertificateRequest's status is written only through /status, by whoever may
+// `sign` for its signer. A node creates requests for the pods bound to it (the Node authorizer and
+// NodeRestriction, package apiserver/admission) and reads every bundle (kube's system:node role).
 
 func init() {
 	// kube's internal certificates types, the v1 ones, and kube's conversions between them.
@@ -43,6 +60,79 @@ var csrStrategies = &kubeStrategies{
 		"status":   csrregistry.StatusStrategy,
 		"approval": csrregistry.ApprovalStrategy,
 	},
+}
+
+// clusterTrustBundleStrategies are kube's ClusterTrustBundle strategy: a PEM bundle of CA certificates whose
+// signerName, once set, never changes and prefixes the bundle's name.
+var clusterTrustBundleStrategies = &kubeStrategies{
+	internal: func() runtime.Object { return &certificates.ClusterTrustBundle{} },
+	main:     ctbregistry.Strategy,
+}
+
+// clusterTrustBundleFields are the field selectors kube serves for ClusterTrustBundles.
+func clusterTrustBundleFields(obj runtime.Object) fields.Set {
+	return fields.Set{"spec.signerName": obj.(*certificatesv1.ClusterTrustBundle).Spec.SignerName}
+}
+
+// podCertificateRequestStrategies are kube's, built per server as kube-apiserver builds them
+// (pkg/registry/certificates/rest): the spec is immutable, and the status subresource checks that its writer
+// may `sign` for the request's signer, with the server's authorizer.
+func podCertificateRequestStrategies(d serverDeps) *kubeStrategies {
+	main := pcrregistry.NewStrategy()
+	return &kubeStrategies{
+		internal:     func() runtime.Object { return &certificates.PodCertificateRequest{} },
+		main:         main,
+		subresources: map[string]kubeStrategy{"status": pcrregistry.NewStatusStrategy(main, d.authorizer, clock.RealClock{})},
+	}
+}
+
+// podCertificateRequestFieldNames are the field selectors kube serves for PodCertificateRequests; a node
+// lists and watches its own with spec.nodeName.
+var podCertificateRequestFieldNames = []string{"spec.signerName", "spec.podName", "spec.nodeName"}
+
+func podCertificateRequestFields(obj runtime.Object) fields.Set {
+	pcr := obj.(*certificatesv1.PodCertificateRequest)
+	return fields.Set{"spec.signerName": pcr.Spec.SignerName, "spec.podName": pcr.Spec.PodName, "spec.nodeName": string(pcr.Spec.NodeName)}
+}
+
+// validateCertificateProjections checks a pod's clusterTrustBundle and podCertificate projections with kube's
+// own volume validation (a bundle by name or by signer and selector, a supported key type, a
+// maxExpirationSeconds within [1h, 91d] or 24h for Kubernetes' signers, safe and distinct paths), reporting
+// kube's errors on those sources and on their paths' conflicts. Skiff's pod validation checks the rest.
+func validateCertificateProjections(pod *corev1.Pod, volumesPath *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for i := range pod.Spec.Volumes {
+		v := &pod.Spec.Volumes[i]
+		if v.Projected == nil || !hasCertificateProjection(v.Projected) {
+			continue
+		}
+		var internal core.Volume
+		if err := kubecorev1.Convert_v1_Volume_To_core_Volume(v, &internal, nil); err != nil {
+			errs = append(errs, field.InternalError(volumesPath.Index(i), err))
+			continue
+		}
+		_, volErrs := corevalidation.ValidateVolumes([]core.Volume{internal}, &pod.ObjectMeta, volumesPath, corevalidation.PodValidationOptions{})
+		prefix := volumesPath.Index(0).String()
+		for _, e := range volErrs {
+			rest, ok := strings.CutPrefix(e.Field, prefix)
+			if !ok || !(strings.Contains(rest, ".clusterTrustBundle") || strings.Contains(rest, ".podCertificate") ||
+				strings.Contains(e.Detail, "conflicting duplicate paths")) {
+				continue
+			}
+			e.Field = volumesPath.Index(i).String() + rest
+			errs = append(errs, e)
+		}
+	}
+	return errs
+}
+
+func hasCertificateProjection(p *corev1.ProjectedVolumeSource) bool {
+	for _, src := range p.Sources {
+		if src.ClusterTrustBundle != nil || src.PodCertificate != nil {
+			return true
+		}
+	}
+	return false
 }
 
 // csrFields are the field selectors kube serves for CSRs.
@@ -87,21 +177,26 @@ func csrCondition(csr *certificatesv1.CertificateSigningRequest) string {
 	return strings.Join(seen, ",")
 }
 
-// certificateAdmission is kube's three CSR admission plugins: approving needs `approve` on the signer,
-// issuing a certificate needs `sign` on it (both on certificates.k8s.io signers), and the
-// kube-apiserver-client signer never issues for system:masters.
+// certificateAdmission is kube's certificate admission plugins, in kube-apiserver's order: CertificateApproval
+// (approving a CSR needs `approve` on its signer), CertificateSigning (issuing needs `sign` on it),
+// ClusterTrustBundleAttest (a bundle naming a signer needs `attest` on it) and CertificateSubjectRestriction
+// (the kube-apiserver-client signer never issues for system:masters).
 func certificateAdmission(authz authorizer.Authorizer) (admission.ValidationInterface, error) {
-	approve, sign, restrict := approval.NewPlugin(), signing.NewPlugin(), subjectrestriction.NewPlugin()
+	approve, sign, attest, restrict := approval.NewPlugin(), signing.NewPlugin(), ctbattest.NewPlugin(), subjectrestriction.NewPlugin()
 	approve.SetUnconditionalAuthorizer(authz)
 	sign.SetUnconditionalAuthorizer(authz)
-	plugins := []admission.ValidationInterface{approve, sign, restrict}
-	for _, p := range plugins {
-		if err := p.(admission.InitializationValidator).ValidateInitialization(); err != nil {
+	attest.SetUnconditionalAuthorizer(authz)
+	attest.InspectFeatureGates(utilfeature.DefaultFeatureGate)
+	for _, p := range []admission.InitializationValidator{approve, sign, attest, restrict} {
+		if err := p.ValidateInitialization(); err != nil {
 			return nil, err
 		}
 	}
-	return &internalValidation{plugins: plugins, resource: certificatesv1.Resource("certificatesigningrequests"),
-		ks: csrStrategies}, nil
+	csrs := &internalValidation{plugins: []admission.ValidationInterface{approve, sign, restrict},
+		resource: certificatesv1.Resource("certificatesigningrequests"), ks: csrStrategies}
+	bundles := &internalValidation{plugins: []admission.ValidationInterface{attest},
+		resource: certificatesv1.Resource("clustertrustbundles"), ks: clusterTrustBundleStrategies}
+	return admission.NewChainHandler(csrs, bundles), nil
 }
 
 // internalValidation runs validating admission plugins written for kube's internal types on one resource,

@@ -172,6 +172,7 @@ func validatePod(o runtime.Object) field.ErrorList {
 			}
 		}
 	}
+	errs = append(errs, validateCertificateProjections(pod, spec.Child("volumes"))...)
 	names := sets.New[string]()
 	for _, group := range []struct {
 		path *field.Path

@@ -220,10 +220,16 @@ var kinds = []*kind{
 	{gv: rbacv1.SchemeGroupVersion, resource: "clusterrolebindings", singular: "clusterrolebinding", newFunc: obj[rbacv1.ClusterRoleBinding](), newListFunc: obj[rbacv1.ClusterRoleBindingList](),
 		validateName: rbacNameFunc, defaults: defaultClusterRoleBinding, validateCreate: validateClusterRoleBinding, validateUpdate: validateClusterRoleBindingUpdate},
 
-	// certificates.k8s.io/v1: Kubernetes' own strategies and admission (certificates.go).
+	// certificates.k8s.io/v1: Kubernetes' own strategies, admission and printers (certificates.go).
 	{gv: certificatesv1.SchemeGroupVersion, resource: "certificatesigningrequests", singular: "certificatesigningrequest",
 		newFunc: obj[certificatesv1.CertificateSigningRequest](), newListFunc: obj[certificatesv1.CertificateSigningRequestList](),
 		shortNames: []string{"csr"}, hasStatus: true, kube: csrStrategies, fields: csrFields, fieldNames: []string{"spec.signerName"}, columns: csrColumns},
+	{gv: certificatesv1.SchemeGroupVersion, resource: "clustertrustbundles", singular: "clustertrustbundle",
+		newFunc: obj[certificatesv1.ClusterTrustBundle](), newListFunc: obj[certificatesv1.ClusterTrustBundleList](),
+		kube: clusterTrustBundleStrategies, fields: clusterTrustBundleFields, fieldNames: []string{"spec.signerName"}},
+	{gv: certificatesv1.SchemeGroupVersion, resource: "podcertificaterequests", singular: "podcertificaterequest", namespaced: true,
+		newFunc: obj[certificatesv1.PodCertificateRequest](), newListFunc: obj[certificatesv1.PodCertificateRequestList](),
+		hasStatus: true, kubeFor: podCertificateRequestStrategies, fields: podCertificateRequestFields, fieldNames: podCertificateRequestFieldNames},
 
 	// scheduling.k8s.io/v1
 	{gv: schedulingv1.SchemeGroupVersion, resource: "priorityclasses", singular: "priorityclass", newFunc: obj[schedulingv1.PriorityClass](), newListFunc: obj[schedulingv1.PriorityClassList](),

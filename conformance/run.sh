@@ -38,7 +38,7 @@ mkdir -p "$bin"
 log "building e2e.test, ginkgo, kubectl $kube, agnhost and sample-apiserver"
 kmod=$($GO list -m -f '{{.Dir}}' k8s.io/kubernetes)
 stamp="-X k8s.io/component-base/version.gitVersion=$kube -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37 -X k8s.io/component-base/version.gitTreeState=clean"
-$GO test -c -o "$bin/e2e.test" k8s.io/kubernetes/test/e2e
+$GO test -c -ldflags "$stamp" -o "$bin/e2e.test" k8s.io/kubernetes/test/e2e
 $GO build -o "$bin/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
 $GO build -ldflags "$stamp" -o "$bin/kubectl" k8s.io/kubernetes/cmd/kubectl
 CGO_ENABLED=0 $GO build -trimpath -ldflags '-s -w' -o "$bin/agnhost" k8s.io/kubernetes/test/images/agnhost

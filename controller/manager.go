@@ -162,6 +162,7 @@ var controllers = []controllerEntry{
 	{"clusterrole-aggregation", "clusterrole-aggregation-controller", buildClusterRoleAggregation},
 	{"root-ca-cert-publisher", "root-ca-cert-publisher", buildRootCACertPublisher},
 	{"certificates", "certificate-controller", buildCertificateControllers},
+	{"podcertificaterequest-cleaner", "podcertificaterequestcleaner", buildPCRCleaner},
 	{"job", "job-controller", buildJobController},
 	{"cronjob", "cronjob-controller", buildCronJobController},
 	{"ttl-after-finished", "ttl-after-finished-controller", buildTTLAfterFinishedController},

@@ -559,8 +559,12 @@ func (a *Agent) setFinished(key string, pod *corev1.Pod) {
 	a.finished[key] = pod
 }
 
-// apiObjects reads the ConfigMaps, Secrets and RuntimeClasses that pods refer to from the API.
-type apiObjects struct{ client kubernetes.Interface }
+// apiObjects reads the ConfigMaps, Secrets and RuntimeClasses that pods refer to from the API; certs, when
+// set, serves clusterTrustBundle and podCertificate projections (certificates.go).
+type apiObjects struct {
+	client kubernetes.Interface
+	certs  *nodeCertificates
+}
 
 func (o apiObjects) ConfigMap(ctx context.Context, namespace, name string) (*corev1.ConfigMap, error) {
 	return o.client.CoreV1().ConfigMaps(namespace).Get(ctx, name, metav1.GetOptions{})
@@ -583,7 +587,8 @@ func (a *Agent) registered(node *corev1.Node) {
 		}
 	case *containerdRuntime:
 		rt.dnsFacts = a.facts.podDNS
-		rt.attach(apiObjects{a.client}, a.recorder, func(pod *corev1.Pod, after time.Duration) {
+		objects := apiObjects{client: a.client, certs: newNodeCertificates(a.ctx, a.client, a.recorder, node.Name, a.kick)}
+		rt.attach(objects, a.recorder, func(pod *corev1.Pod, after time.Duration) {
 			a.kick(pod.Namespace+"/"+pod.Name, after)
 		}, node)
 	}

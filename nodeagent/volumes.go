@@ -128,8 +128,9 @@ func getSecret(ctx context.Context, get objectGetter, namespace, name string, op
 // allocatable is the Node's, as its status reports it: a downwardAPI item reads a container's unset cpu,
 // memory or ephemeral-storage limit as that, as the kubelet's volume plugin does (GetNodeAllocatable).
 func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objectGetter, allocatable corev1.ResourceList) (podVolumes, error) {
+	certs := certificateSourceOf(get)
 	for i := range pod.Spec.Volumes {
-		if err := checkVolumeSupported(i, &pod.Spec.Volumes[i]); err != nil {
+		if err := checkVolumeSupported(i, &pod.Spec.Volumes[i], certs != nil); err != nil {
 			return nil, err
 		}
 	}
@@ -138,7 +139,8 @@ func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objec
 		return nil, err
 	}
 	claims, _ := get.(claimResolver)
-	s := &volumeSetup{ctx: ctx, pod: pod, root: root, get: newCachingGetter(get), tokens: tokenRequesterOf(get), claims: claims, allocatable: allocatable}
+	s := &volumeSetup{ctx: ctx, pod: pod, root: root, get: newCachingGetter(get), tokens: tokenRequesterOf(get), claims: claims, certs: certs,
+		allocatable: allocatable}
 	vols := podVolumes{}
 	var errs []error
 	for i := range pod.Spec.Volumes {
@@ -153,8 +155,9 @@ func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objec
 	return vols, errors.Join(errs...)
 }
 
-// checkVolumeSupported rejects what this node cannot set up, naming the field.
-func checkVolumeSupported(i int, v *corev1.Volume) error {
+// checkVolumeSupported rejects what this node cannot set up, naming the field; certificates says whether it
+// serves clusterTrustBundle and podCertificate projections (certificates.go).
+func checkVolumeSupported(i int, v *corev1.Volume, certificates bool) error {
 	src := &v.VolumeSource
 	switch {
 	case src.EmptyDir != nil:
@@ -189,6 +192,10 @@ func checkVolumeSupported(i int, v *corev1.Volume) error {
 					return fmt.Errorf("spec.volumes[%d].projected.sources[%d].serviceAccountToken.path: Required value", i, j)
 				}
 			case ps.ConfigMap != nil, ps.Secret != nil:
+			case (ps.ClusterTrustBundle != nil || ps.PodCertificate != nil) && certificates:
+				if err := checkCertificateProjection(i, j, &ps); err != nil {
+					return err
+				}
 			case ps.DownwardAPI != nil:
 				for k, item := range ps.DownwardAPI.Items {
 					if item.ResourceFieldRef != nil && item.ResourceFieldRef.ContainerName == "" {
@@ -228,8 +235,9 @@ type volumeSetup struct {
 	pod    *corev1.Pod
 	root   string
 	get    objectGetter
-	tokens tokenRequester // nil when the getter cannot request service account tokens
-	claims claimResolver  // nil when the getter cannot read claims and their volumes
+	tokens tokenRequester    // nil when the getter cannot request service account tokens
+	claims claimResolver     // nil when the getter cannot read claims and their volumes
+	certs  certificateSource // nil when the getter serves no clusterTrustBundle or podCertificate sources
 	// allocatable is what unset container limits read as in resourceFieldRef items: the Node's allocatable
 	// as its status reports it, as the kubelet's downward API volumes use (nil: limits are not defaulted).
 	allocatable corev1.ResourceList
@@ -303,7 +311,7 @@ func (s *volumeSetup) setup(v *corev1.Volume) (string, error) {
 			defer tokens.mu.Unlock()
 			tokens.fsGroup = s.fsGroup()
 		}
-		payload, err := s.projectedPayload(src.Projected, tokens)
+		payload, err := s.projectedPayload(v.Name, src.Projected, tokens)
 		if err != nil {
 			return "", err
 		}
@@ -592,9 +600,9 @@ func hasTokenSource(p *corev1.ProjectedVolumeSource) bool {
 	return false
 }
 
-// projectedPayload merges a projected volume's sources, later ones winning on the same path. tokens holds
-// the volume's service account tokens (nil when it has none), locked by the caller.
-func (s *volumeSetup) projectedPayload(p *corev1.ProjectedVolumeSource, tokens *tokenVolume) (map[string]fileProjection, error) {
+// projectedPayload merges the sources of the projected volume name, later ones winning on the same path.
+// tokens holds the volume's service account tokens (nil when it has none), locked by the caller.
+func (s *volumeSetup) projectedPayload(name string, p *corev1.ProjectedVolumeSource, tokens *tokenVolume) (map[string]fileProjection, error) {
 	defaultMode := fileMode(p.DefaultMode, 0o644)
 	payload := map[string]fileProjection{}
 	var errs []error
@@ -627,6 +635,8 @@ func (s *volumeSetup) projectedPayload(p *corev1.ProjectedVolumeSource, tokens *
 			if token, err = tokens.token(s.ctx, i, spec); err == nil {
 				part = map[string]fileProjection{spec.path: {data: token, mode: mode}}
 			}
+		case src.ClusterTrustBundle != nil, src.PodCertificate != nil:
+			part, err = s.certificatePayload(name, i, &src, defaultMode)
 		default:
 			err = errors.New("unsupported projection") // checkVolumeSupported ran first
 		}
@@ -905,6 +915,7 @@ func chownToFSGroup(root string, gid int64, readOnly bool) error {
 // hostPath directories and files are the host's and stay; podDir itself stays.
 func teardownVolumes(podDir string) error {
 	projectedTokens.forget(podDir) // no refresh writes into what is being removed
+	forgetPodCertificates(podDir)
 	root := filepath.Join(podDir, volumesDirName)
 	if _, err := os.Lstat(root); errors.Is(err, fs.ErrNotExist) {
 		return nil

@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
+	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -18,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/apiserver/pkg/authorization/authorizer"
 	corev1listers "k8s.io/client-go/listers/core/v1"
 	kubeletapis "k8s.io/kubelet/pkg/apis"
 	"k8s.io/kubernetes/pkg/auth/nodeidentifier"
@@ -29,12 +31,23 @@ import (
 // administrators (node-restriction.kubernetes.io/ and unknown kubernetes.io/, k8s.io/ labels), and may not
 // create pods (Skiff runs no static pods, so there are no mirror pods). As the local-path provisioner of its
 // node, a node may create and delete only PersistentVolumes pinned to itself by node affinity; its DRA
-// drivers may create and delete only the ResourceSlices of its node.
+// drivers may create and delete only the ResourceSlices of its node. It may create PodCertificateRequests
+// only for a pod bound to it, naming the pod, its service account and the node by name and UID as they are,
+// and a signer one of the pod's podCertificate volumes names (or that RBAC lets the node request for).
 type nodeRestriction struct {
 	*admission.Handler
 	identifier nodeidentifier.NodeIdentifier
 	pods       corev1listers.PodLister
 	volumes    corev1listers.PersistentVolumeLister
+	// podCertificates checks a node's PodCertificateRequests; nil refuses them all.
+	podCertificates *podCertificateRestriction
+}
+
+// podCertificateRestriction is what NodeRestriction reads to check a node's PodCertificateRequest.
+type podCertificateRestriction struct {
+	nodes           corev1listers.NodeLister
+	serviceAccounts corev1listers.ServiceAccountLister
+	authz           authorizer.Authorizer
 }
 
 var _ admission.ValidationInterface = &nodeRestriction{}
@@ -58,6 +71,7 @@ var (
 
 	endpointSlicesResource = schema.GroupResource{Group: discoveryv1.GroupName, Resource: "endpointslices"}
 	resourceSlicesResource = resourcev1.Resource("resourceslices")
+	pcrsResource           = certificatesv1.Resource("podcertificaterequests")
 )
 
 func (p *nodeRestriction) Validate(ctx context.Context, a admission.Attributes, _ admission.ObjectInterfaces) error {
@@ -97,8 +111,104 @@ func (p *nodeRestriction) Validate(ctx context.Context, a admission.Attributes, 
 		return admitNodeDNSSlice(nodeName, a)
 	case resourceSlicesResource:
 		return admitResourceSlice(nodeName, a)
+	case pcrsResource:
+		return p.admitPodCertificateRequest(ctx, nodeName, a)
 	}
 	return nil
+}
+
+// admitPodCertificateRequest lets a node create a PodCertificateRequest only for a pod bound to it, as
+// Kubernetes' NodeRestriction does: the node, pod and service account it names must be those that exist, by
+// name and UID, and the pod must mount a podCertificate volume for the signer, unless the node may
+// `request-serviceaccounts-podcertificate-signer` on it (the signer's name with "/" as ":", as a resource).
+// A UID that differs may be the informers' lag, so that is an error a retry may clear (500), not a 403.
+func (p *nodeRestriction) admitPodCertificateRequest(ctx context.Context, nodeName string, a admission.Attributes) error {
+	if a.GetOperation() != admission.Create {
+		return admission.NewForbidden(a, fmt.Errorf("unexpected operation %v", a.GetOperation()))
+	}
+	if a.GetSubresource() != "" {
+		return admission.NewForbidden(a, fmt.Errorf("unexpected subresource %v", a.GetSubresource()))
+	}
+	req, ok := a.GetObject().(*certificatesv1.PodCertificateRequest)
+	if !ok {
+		return admission.NewForbidden(a, fmt.Errorf("unexpected type %T", a.GetObject()))
+	}
+	pc := p.podCertificates
+	if pc == nil {
+		return admission.NewForbidden(a, fmt.Errorf("nodes may not create PodCertificateRequests here"))
+	}
+	namespace := a.GetNamespace()
+	podKey := namespace + "/" + req.Spec.PodName
+	if string(req.Spec.NodeName) != nodeName {
+		return admission.NewForbidden(a, fmt.Errorf("PodCertificateRequest.Spec.NodeName=%q, which is not the requesting node %q", req.Spec.NodeName, nodeName))
+	}
+	node, err := pc.nodes.Get(nodeName)
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("while retrieving node %q named in the PodCertificateRequest: %w", nodeName, err)
+	} else if err != nil {
+		return admission.NewForbidden(a, fmt.Errorf("while retrieving node %q named in the PodCertificateRequest: %w", nodeName, err))
+	}
+	if node.UID != req.Spec.NodeUID {
+		return fmt.Errorf("PodCertificateRequest for pod %q names node UID %q, inconsistent with the running node (%q)", podKey, req.Spec.NodeUID, node.UID)
+	}
+	pod, err := p.pods.Pods(namespace).Get(req.Spec.PodName)
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("while retrieving pod %q named in the PodCertificateRequest: %w", podKey, err)
+	} else if err != nil {
+		return admission.NewForbidden(a, fmt.Errorf("while retrieving pod %q named in the PodCertificateRequest: %w", podKey, err))
+	}
+	if req.Spec.PodUID != pod.UID {
+		return fmt.Errorf("PodCertificateRequest for pod %q contains pod UID (%q) which differs from running pod %q", podKey, req.Spec.PodUID, pod.UID)
+	}
+	if pod.Spec.NodeName != nodeName {
+		return admission.NewForbidden(a, fmt.Errorf("pod %q is not running on node %q named in the PodCertificateRequest", podKey, req.Spec.NodeName))
+	}
+	if _, mirror := pod.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+		return admission.NewForbidden(a, fmt.Errorf("pod %q is a mirror pod", podKey))
+	}
+	if req.Spec.ServiceAccountName != pod.Spec.ServiceAccountName {
+		return admission.NewForbidden(a, fmt.Errorf("PodCertificateRequest for pod %q contains serviceAccountName (%q) that differs from running pod (%q)", podKey, req.Spec.ServiceAccountName, pod.Spec.ServiceAccountName))
+	}
+	sa, err := pc.serviceAccounts.ServiceAccounts(namespace).Get(req.Spec.ServiceAccountName)
+	if apierrors.IsNotFound(err) {
+		return fmt.Errorf("while retrieving service account %q named in the PodCertificateRequest: %w", namespace+"/"+req.Spec.ServiceAccountName, err)
+	} else if err != nil {
+		return admission.NewForbidden(a, fmt.Errorf("while retrieving service account %q named in the PodCertificateRequest: %w", namespace+"/"+req.Spec.ServiceAccountName, err))
+	}
+	if req.Spec.ServiceAccountUID != sa.UID {
+		return fmt.Errorf("PodCertificateRequest for pod %q names service account UID %q, which differs from the running service account (%q)", podKey, req.Spec.ServiceAccountUID, sa.UID)
+	}
+	if mountsPodCertificate(pod, req.Spec.SignerName) {
+		return nil
+	}
+	decision, _, err := pc.authz.Authorize(ctx, authorizer.AttributesRecord{
+		User: a.GetUserInfo(), Verb: "request-serviceaccounts-podcertificate-signer",
+		APIGroup: a.GetResource().Group, APIVersion: a.GetResource().Version,
+		Resource: strings.ReplaceAll(req.Spec.SignerName, "/", ":"), Namespace: namespace, Name: req.Spec.ServiceAccountName,
+		ResourceRequest: true,
+	})
+	if decision == authorizer.DecisionAllow {
+		return nil
+	}
+	if err != nil {
+		return admission.NewForbidden(a, fmt.Errorf("error authorizing %s to request podcertificaterequests for signer %q: %w", a.GetUserInfo().GetName(), req.Spec.SignerName, err))
+	}
+	return admission.NewForbidden(a, fmt.Errorf("pod %q does not mount a podCertificate projected volume for signer %q", podKey, req.Spec.SignerName))
+}
+
+// mountsPodCertificate says whether a pod has a podCertificate projection for the signer.
+func mountsPodCertificate(pod *corev1.Pod, signerName string) bool {
+	for _, v := range pod.Spec.Volumes {
+		if v.Projected == nil {
+			continue
+		}
+		for _, src := range v.Projected.Sources {
+			if src.PodCertificate != nil && src.PodCertificate.SignerName == signerName {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // admitResourceSlice lets a node (its DRA drivers) create and delete only the ResourceSlices of its own

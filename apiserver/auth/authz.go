@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 
+	certificatesv1 "k8s.io/api/certificates/v1"
 	corev1 "k8s.io/api/core/v1"
 	resourcev1 "k8s.io/api/resource/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
@@ -102,8 +103,9 @@ var publicPathAuthorizer = authorizer.AuthorizerFunc(func(ctx context.Context, a
 // feedNodeGraph keeps the Node authorizer's graph of which pods run where and what they reference, and
 // which PersistentVolume each claim is bound to (so a node may read the volumes of its pods' claims), and
 // which node each ResourceSlice belongs to (so a node's DRA drivers may get, update and delete its own
-// slices). Skiff serves no VolumeAttachments, so the library's AddGraphEventHandlers (which needs their
-// informer too) is replaced by its pod, volume and slice parts.
+// slices), and which node each PodCertificateRequest names (so a node may get the requests it made).
+// Skiff serves no VolumeAttachments, so the library's AddGraphEventHandlers (which needs their informer too)
+// is replaced by its pod, volume, slice and request parts.
 func feedNodeGraph(graph *node.Graph, factory informers.SharedInformerFactory) error {
 	_, err := factory.Core().V1().PersistentVolumes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) { graph.AddPV(obj.(*corev1.PersistentVolume)) },
@@ -137,6 +139,21 @@ func feedNodeGraph(graph *node.Graph, factory informers.SharedInformerFactory) e
 			}
 			if slice, ok := obj.(*resourcev1.ResourceSlice); ok {
 				graph.DeleteResourceSlice(slice.Name)
+			}
+		},
+	})
+	if err != nil {
+		return err
+	}
+	// A request's node is immutable, as a slice's is.
+	_, err = factory.Certificates().V1().PodCertificateRequests().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: func(obj any) { graph.AddPodCertificateRequest(obj.(*certificatesv1.PodCertificateRequest)) },
+		DeleteFunc: func(obj any) {
+			if tombstone, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = tombstone.Obj
+			}
+			if pcr, ok := obj.(*certificatesv1.PodCertificateRequest); ok {
+				graph.DeletePodCertificateRequest(pcr)
 			}
 		},
 	})
