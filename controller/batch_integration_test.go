@@ -245,7 +245,9 @@ func TestJobController(t *testing.T) {
 		j := createJob(t, c, newJob("short-lived", func(j *batchv1.Job) { j.Spec.TTLSecondsAfterFinished = kptr.To[int32](0) }))
 		pod := waitForActive(t, c, j, 1)[0]
 		endPod(t, c, pod.Name, 0)
-		proctest.WaitFor(t, "the finished Job and its pod deleted", 30*time.Second, func() error {
+		// The TTL controller deletes the Job in the foreground, so the garbage collector's next rounds remove
+		// the pod and then the Job: a minute, for a loaded machine.
+		proctest.WaitFor(t, "the finished Job and its pod deleted", time.Minute, func() error {
 			if _, err := c.BatchV1().Jobs(batchNamespace).Get(ctx, j.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("job: %v", err)
 			}

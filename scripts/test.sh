@@ -3,16 +3,18 @@
 # process-level tests against the built binary, and a short smoke of the chaos, conformance and benchmark
 # suites. It ends with each phase's wall time (docs/BENCHMARKS.md, "The test suite").
 #
-# After the build, the lint and the Raft package, two lanes run at once: the unit lane (the in-process tests,
-# CPU-bound under the race detector, then the conformance smoke) and the process lane (e2e, then the chaos and
-# benchmark smokes: real clusters, mostly waiting on elections, pods and failovers; about 0.6 of a core).
-# Their lines are prefixed [unit] and [process].
-# TEST_LANES=1 runs the phases one after another instead; E2E_PARALLEL sets how many e2e tests run at once.
+# After the build, the lint and the Raft package come the unit lane (the in-process tests, CPU-bound under the
+# race detector, then the conformance smoke) and the process lane (e2e, several tests at a time, then the chaos
+# and benchmark smokes: real clusters, mostly waiting on elections, pods and failovers), one after the other.
+# TEST_LANES=2 runs the two lanes at once, their lines prefixed [unit] and [process]: faster, but in its trial
+# run the contention on two cores failed timing-sensitive checks (a 3-server benchmark cluster with production
+# Raft timeouts lost its leader mid-write; a TTL deletion missed its 30 s), so CI runs them in turn.
+# E2E_PARALLEL sets how many e2e tests run at once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 export SKIFF_BIN=$PWD/bin/skiff
-TEST_LANES=${TEST_LANES:-2}
+TEST_LANES=${TEST_LANES:-1}
 E2E_PARALLEL=${E2E_PARALLEL:-3}
 
 # go vet runs once, in the lint phase; `go test` need not run its subset of it again in every package.
