@@ -291,8 +291,13 @@ func validateContainer(c corev1.Container, p *field.Path, names, volumes sets.Se
 		if n != 1 {
 			errs = append(errs, field.Invalid(p.Child(probe.name), "", "must specify exactly one of exec, httpGet, tcpSocket or grpc"))
 		}
-		if h.GRPC != nil {
-			errs = append(errs, field.NotSupported(p.Child(probe.name, "grpc"), "grpc", []string{"exec", "httpGet", "tcpSocket"}))
+		if g := h.GRPC; g != nil {
+			for _, msg := range validation.IsValidPortNum(int(g.Port)) {
+				errs = append(errs, field.Invalid(p.Child(probe.name, "grpc", "port"), g.Port, msg))
+			}
+			if m := g.Mode; m != nil && *m != corev1.GRPCProbeModePlaintext && *m != corev1.GRPCProbeModeTLS {
+				errs = append(errs, field.NotSupported(p.Child(probe.name, "grpc", "mode"), *m, []corev1.GRPCProbeMode{corev1.GRPCProbeModePlaintext, corev1.GRPCProbeModeTLS}))
+			}
 		}
 	}
 	return errs
