@@ -673,7 +673,7 @@ func (r *containerdRuntime) watchExits(ctx context.Context, pod *corev1.Pod, rec
 	running := map[string]runningContainer{}
 	for _, attempts := range recs.attempts {
 		last := attempts[len(attempts)-1]
-		if last.kind == kindApp && last.running {
+		if last.running && (last.kind == kindApp || last.kind == kindInit && isSidecarName(pod, last.name)) {
 			running[last.name] = runningContainer{ID: last.id, StartedAt: last.startedAt}
 		}
 		if !last.running {
@@ -967,7 +967,7 @@ func (r *containerdRuntime) containerStatus(pod *corev1.Pod, c *corev1.Container
 	switch {
 	case last.running:
 		s.State.Running = &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(last.startedAt)}
-		if kind == kindApp && r.probes != nil {
+		if (kind == kindApp || isSidecar(c)) && r.probes != nil {
 			started = r.probes.started(pod.UID, c.Name, last.id)
 			s.Ready = started && r.probes.ready(pod.UID, c.Name, last.id)
 		} else {
@@ -983,6 +983,8 @@ func (r *containerdRuntime) containerStatus(pod *corev1.Pod, c *corev1.Container
 		s.LastTerminationState.Terminated = terminated(last)
 	default:
 		s.State.Terminated = terminated(last)
+		// As the kubelet's prober manager: an init container that succeeded is ready.
+		s.Ready = kind == kindInit && last.exitCode == 0
 	}
 	return s
 }
