@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	utilsysctl "k8s.io/component-helpers/node/util/sysctl"
+	corevalidation "k8s.io/kubernetes/pkg/apis/core/validation"
 )
 
 // defaultPod applies the defaults Kubernetes applies to a pod.
@@ -189,6 +191,37 @@ func validatePod(o runtime.Object) field.ErrorList {
 	}
 	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil && *g < 0 {
 		errs = append(errs, field.Invalid(spec.Child("terminationGracePeriodSeconds"), *g, "must be >= 0"))
+	}
+	if sc := pod.Spec.SecurityContext; sc != nil {
+		errs = append(errs, validateSysctls(sc.Sysctls, &pod.Spec, spec.Child("securityContext", "sysctls"))...)
+	}
+	return errs
+}
+
+// validateSysctls is kube-apiserver's check of a pod's sysctls: valid, unique names, and no network (IPC)
+// sysctl in a pod sharing the host's network (IPC) namespace. Which sysctls a node allows is the node's
+// admission (SysctlForbidden), not the API's.
+func validateSysctls(sysctls []corev1.Sysctl, spec *corev1.PodSpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	names := sets.New[string]()
+	for i, s := range sysctls {
+		np := p.Index(i).Child("name")
+		switch {
+		case s.Name == "":
+			errs = append(errs, field.Required(np, ""))
+		case !corevalidation.IsValidSysctlName(s.Name):
+			errs = append(errs, field.Invalid(np, s.Name, fmt.Sprintf("must have at most %d characters and match regex ^%s$",
+				corevalidation.SysctlMaxLength, corevalidation.SysctlContainSlashFmt)))
+		case names.Has(s.Name):
+			errs = append(errs, field.Duplicate(np, s.Name))
+		}
+		names.Insert(s.Name)
+		switch ns, _, _ := utilsysctl.GetNamespace(s.Name); {
+		case spec.HostNetwork && ns == utilsysctl.NetNamespace:
+			errs = append(errs, field.Invalid(np, s.Name, "may not be specified when 'hostNetwork' is true"))
+		case spec.HostIPC && ns == utilsysctl.IPCNamespace:
+			errs = append(errs, field.Invalid(np, s.Name, "may not be specified when 'hostIPC' is true"))
+		}
 	}
 	return errs
 }

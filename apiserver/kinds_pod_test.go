@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
@@ -47,5 +48,31 @@ func TestPodGRPCProbeValidation(t *testing.T) {
 		if len(errs) != 1 || errs[0].Field != tc.field {
 			t.Errorf("%+v: errors %v, want one on %s", tc.g, errs, tc.field)
 		}
+	}
+}
+
+// TestPodSysctlValidation: kube-apiserver's sysctl checks, as the conformance test "should reject invalid
+// sysctls" expects: malformed names are Invalid at spec.securityContext.sysctls[i].name, while well-formed
+// ones pass whether or not a node allows them (kernel.shmmax, safe-and-unsafe: the node's admission decides).
+func TestPodSysctlValidation(t *testing.T) {
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "p"}, Spec: corev1.PodSpec{
+		RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "a", Image: "busybox"}},
+		SecurityContext: &corev1.PodSecurityContext{Sysctls: []corev1.Sysctl{
+			{Name: "foo-", Value: "bar"}, {Name: "kernel.shmmax", Value: "100000000"},
+			{Name: "safe-and-unsafe", Value: "100000000"}, {Name: "bar..", Value: "42"}, {Name: "kernel/shm_rmid_forced", Value: "1"},
+		}}}}
+	errs := validatePod(pod)
+	if len(errs) != 2 || errs[0].Field != "spec.securityContext.sysctls[0].name" || errs[1].Field != "spec.securityContext.sysctls[3].name" {
+		t.Fatalf("errors %v; want foo- and bar.. refused", errs)
+	}
+	for _, e := range errs {
+		if !strings.Contains(e.Error(), `Invalid value: "foo-"`) && !strings.Contains(e.Error(), `Invalid value: "bar.."`) {
+			t.Errorf("error %q", e.Error())
+		}
+	}
+	pod.Spec.SecurityContext.Sysctls = []corev1.Sysctl{{Name: "net.ipv4.tcp_syncookies", Value: "1"}}
+	pod.Spec.HostNetwork = true
+	if errs := validatePod(pod); len(errs) != 1 || errs[0].Field != "spec.securityContext.sysctls[0].name" {
+		t.Errorf("a net sysctl with hostNetwork: errors %v", errs)
 	}
 }
