@@ -36,6 +36,9 @@ type PodState struct {
 	// EphemeralContainers are the ephemeral containers' statuses, in spec order. They count for neither the
 	// pod's phase nor its readiness.
 	EphemeralContainers []corev1.ContainerStatus
+	// FailReason, when set, fails the pod whatever its containers say, with FailMessage: the agent ended it
+	// (its active deadline passed).
+	FailReason, FailMessage string
 }
 
 // simulatedRuntime runs no containers: every container starts at once and stays running and ready. It goes

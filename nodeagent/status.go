@@ -42,6 +42,9 @@ func podStatus(pod *corev1.Pod, state *PodState, hostIP string) corev1.PodStatus
 		}
 	}
 	status.Phase = podPhase(pod.Spec.RestartPolicy, state, initialized)
+	if state.FailReason != "" {
+		status.Phase, status.Reason, status.Message = corev1.PodFailed, state.FailReason, state.FailMessage
+	}
 
 	all := append(append([]corev1.ContainerStatus{}, status.InitContainerStatuses...), status.ContainerStatuses...)
 	generation := func(t corev1.PodConditionType) int64 {
