@@ -554,9 +554,18 @@ func (r *containerdRuntime) syncInitContainers(ctx context.Context, pod *corev1.
 		c := &pod.Spec.InitContainers[i]
 		last := recs.latest(kindInit, c.Name)
 		if isSidecar(c) {
-			// A sidecar (restartPolicy Always) counts as done once it runs, and restarts whenever it exits.
+			// A sidecar (restartPolicy Always) counts as done once it runs, and restarts whenever it exits or
+			// fails its liveness probe.
 			if last != nil && last.running {
-				continue
+				failed, _ := r.probes.livenessFailed(pod.UID, c.Name, last.id)
+				if !failed {
+					continue
+				}
+				if err := r.killContainer(ctx, pod, c, last, time.Now(), func() time.Duration { return terminationGrace(pod) },
+					fmt.Sprintf("Container %s failed liveness probe, will be restarted", c.Name)); err != nil {
+					return false, err
+				}
+				return false, nil // the exit is seen by the next sync, which restarts it after its backoff
 			}
 			if last != nil && last.exited {
 				if wait, left := r.crashBackoff.inBackoff(backoffKey(pod.UID, c.Name)); wait {
