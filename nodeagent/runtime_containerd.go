@@ -50,6 +50,7 @@ const (
 	labelFinished     = "io.skiff.container.finished"
 	labelExitCode     = "io.skiff.container.exit-code"
 	labelReason       = "io.skiff.container.reason"
+	labelResources    = "io.skiff.container.resources" // the cpu and memory requests and limits applied, as JSON
 	labelIP           = "io.skiff.sandbox.ip"
 	labelNetns        = "io.skiff.sandbox.netns"
 
@@ -970,6 +971,10 @@ func (r *containerdRuntime) containerStatus(pod *corev1.Pod, c *corev1.Container
 	s.RestartCount = int32(last.attempt)
 	s.ContainerID = "containerd://" + last.id
 	s.ImageID = last.labels[labelImageID]
+	// As the kubelet: resources are those the container's cgroup was given, allocatedResources the spec's
+	// requests.
+	s.Resources = appliedResources(last, c)
+	s.AllocatedResources = c.Resources.Requests.DeepCopy()
 	if prev := recs.previous(kind, c.Name); prev != nil && prev.exited {
 		s.LastTerminationState.Terminated = terminated(prev)
 	}

@@ -2,10 +2,13 @@ package nodeagent
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -105,5 +108,37 @@ func TestInitContainerFailureStatus(t *testing.T) {
 	}
 	if len(status.Conditions) != 5 {
 		t.Errorf("conditions %+v", status.Conditions)
+	}
+}
+
+// TestContainerStatusResources: a container's status.resources are the cpu and memory requests and limits
+// its cgroup was created with (recorded on the container), allocatedResources the spec's requests, as the
+// kubelet reports them; a container that never ran reports none.
+func TestContainerStatusResources(t *testing.T) {
+	r := &containerdRuntime{cfg: &config.Agent{DataDir: t.TempDir()}, waiting: map[types.UID]map[string]corev1.ContainerStateWaiting{}, resync: func(*corev1.Pod, time.Duration) {}}
+	created := corev1.Container{Name: "app", Image: "busybox", Resources: corev1.ResourceRequirements{
+		Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("100m"), corev1.ResourceMemory: resource.MustParse("32Mi")},
+		Limits:   corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("500m"), corev1.ResourceMemory: resource.MustParse("64Mi")}}}
+	applied, err := json.Marshal(cgroupResources(&created))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The spec now asks for more than the running container was given: the status says what applies.
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{UID: "u1", Name: "p", Namespace: "default"}, Spec: corev1.PodSpec{
+		RestartPolicy: corev1.RestartPolicyAlways, Containers: []corev1.Container{*created.DeepCopy(), {Name: "waiting", Image: "busybox"}}}}
+	pod.Spec.Containers[0].Resources.Limits[corev1.ResourceCPU] = resource.MustParse("1")
+	recs := &podRecords{attempts: map[string][]*ctrRecord{kindApp + "/app": {{kind: kindApp, name: "app", id: "u1-app-app-0",
+		labels: map[string]string{labelResources: string(applied)}, running: true, startedAt: time.Unix(1000, 0)}}}}
+	state := r.state(pod, recs, &sandbox{pid: 1, ip: "10.42.0.5"})
+	got := state.Containers[0]
+	want := created.Resources
+	if got.Resources == nil || !apiequality.Semantic.DeepEqual(*got.Resources, want) {
+		t.Errorf("resources %v, want %v", got.Resources, want)
+	}
+	if !apiequality.Semantic.DeepEqual(got.AllocatedResources, pod.Spec.Containers[0].Resources.Requests) {
+		t.Errorf("allocatedResources %v", got.AllocatedResources)
+	}
+	if w := state.Containers[1]; w.Resources != nil || w.AllocatedResources != nil {
+		t.Errorf("a container that never ran reports resources %v, %v", w.Resources, w.AllocatedResources)
 	}
 }
