@@ -352,8 +352,7 @@ func validatePodUpdate(o, old runtime.Object) field.ErrorList {
 		}
 	}
 	mutated.ActiveDeadlineSeconds = pod.Spec.ActiveDeadlineSeconds
-	if len(pod.Spec.Tolerations) >= len(oldPod.Spec.Tolerations) &&
-		apiequality.Semantic.DeepEqual(pod.Spec.Tolerations[:len(oldPod.Spec.Tolerations)], oldPod.Spec.Tolerations) {
+	if onlyAddedTolerations(pod.Spec.Tolerations, oldPod.Spec.Tolerations) {
 		mutated.Tolerations = pod.Spec.Tolerations
 	}
 	if !apiequality.Semantic.DeepEqual(mutated, &pod.Spec) {
@@ -361,6 +360,25 @@ func validatePodUpdate(o, old runtime.Object) field.ErrorList {
 			"pod updates may not change fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, `spec.activeDeadlineSeconds` or `spec.tolerations` (only additions to existing tolerations)")}
 	}
 	return nil
+}
+
+// onlyAddedTolerations is kube-apiserver's rule for a pod update's tolerations: every old toleration is still
+// there, in any order, changed at most in its tolerationSeconds.
+func onlyAddedTolerations(cur, old []corev1.Toleration) bool {
+	for _, o := range old {
+		found := false
+		for _, c := range cur {
+			o.TolerationSeconds = c.TolerationSeconds
+			if apiequality.Semantic.DeepEqual(o, c) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
 }
 
 func podFields(o runtime.Object) fields.Set {

@@ -76,3 +76,34 @@ func TestPodSysctlValidation(t *testing.T) {
 		t.Errorf("a net sysctl with hostNetwork: errors %v", errs)
 	}
 }
+
+// TestPodUpdateTolerations: as kube-apiserver, an update may add tolerations before or after the old ones
+// and change their tolerationSeconds, but not drop or change one otherwise.
+func TestPodUpdateTolerations(t *testing.T) {
+	secs := func(v int64) *int64 { return &v }
+	notReady := corev1.Toleration{Key: "node.kubernetes.io/not-ready", Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoExecute, TolerationSeconds: secs(300)}
+	foo := corev1.Toleration{Key: "foo", Operator: corev1.TolerationOpEqual, Value: "bar", Effect: corev1.TaintEffectNoSchedule}
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "p", ResourceVersion: "1"}, Spec: corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "a", Image: "busybox"}}, Tolerations: []corev1.Toleration{notReady}}}
+	shorter := notReady
+	shorter.TolerationSeconds = secs(10)
+	changed := notReady
+	changed.Effect = corev1.TaintEffectNoSchedule
+	for _, tc := range []struct {
+		name        string
+		tolerations []corev1.Toleration
+		ok          bool
+	}{
+		{"added after", []corev1.Toleration{notReady, foo}, true},
+		{"added before", []corev1.Toleration{foo, notReady}, true},
+		{"seconds changed", []corev1.Toleration{shorter}, true},
+		{"removed", []corev1.Toleration{foo}, false},
+		{"effect changed", []corev1.Toleration{changed}, false},
+	} {
+		pod := old.DeepCopy()
+		pod.Spec.Tolerations = tc.tolerations
+		if errs := validatePodUpdate(pod, old); (len(errs) == 0) != tc.ok {
+			t.Errorf("%s: errors %v, want ok %v", tc.name, errs, tc.ok)
+		}
+	}
+}
