@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/skiff-dev/skiff/config"
@@ -226,5 +227,56 @@ func TestActiveDeadline(t *testing.T) {
 	a.mu.Unlock()
 	if !woken {
 		t.Error("no wake-up at the deadline of the pod whose deadline is ahead")
+	}
+}
+
+// TestDeletedPodEndsTerminal: a pod killed for its deletion gets a terminal phase before it goes, as the
+// kubelet's TerminatePod gives it: a running pod ends Failed with its containers ContainerStatusUnknown, so a
+// finalizer's holder (the Job controller, for an evicted pod) sees how it ended.
+func TestDeletedPodEndsTerminal(t *testing.T) {
+	rt := newSimulatedRuntime()
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "evicted", UID: "u1", Finalizers: []string{"batch.kubernetes.io/job-tracking"}},
+		Spec: corev1.PodSpec{NodeName: "n1", RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
+	a, client := admissionAgent(t, rt, pod)
+	ctx := context.Background()
+	if _, err := a.syncPod(ctx, "default/evicted"); err != nil {
+		t.Fatal(err)
+	}
+	running, err := client.CoreV1().Pods("default").Get(ctx, "evicted", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if running.Status.Phase != corev1.PodRunning {
+		t.Fatalf("phase %s before the deletion", running.Status.Phase)
+	}
+	now := metav1.Now()
+	running.DeletionTimestamp = &now
+	if err := a.pods.Update(running); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.syncPod(ctx, "default/evicted"); err != nil {
+		t.Fatal(err)
+	}
+	// The fake clientset deletes at once whatever the finalizers: read the last status the agent wrote.
+	var stored *corev1.Pod
+	for _, action := range client.Actions() {
+		if u, ok := action.(k8stesting.UpdateAction); ok && action.GetSubresource() == "status" {
+			stored = u.GetObject().(*corev1.Pod)
+		}
+	}
+	if stored == nil {
+		t.Fatal("no status written")
+	}
+	if stored.Status.Phase != corev1.PodFailed {
+		t.Errorf("phase %s after the deletion's kill; want Failed", stored.Status.Phase)
+	}
+	if cs := stored.Status.ContainerStatuses; len(cs) != 1 || cs[0].State.Terminated == nil || cs[0].State.Terminated.Reason != "ContainerStatusUnknown" {
+		t.Errorf("container statuses %+v", cs)
+	}
+	rt.mu.Lock()
+	_, runs := rt.pods["u1"]
+	rt.mu.Unlock()
+	if runs {
+		t.Error("the deleted pod still runs")
 	}
 }

@@ -478,6 +478,17 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 			return false, err
 		}
 		a.setRunning(key, nil)
+		if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+			// As the kubelet's TerminatePod: a pod killed for its deletion ends in a terminal phase before it
+			// goes, so that whoever holds a finalizer on it (the Job controller) sees how it ended.
+			state := &PodState{IP: pod.Status.PodIP, Killed: true,
+				InitContainers:      terminatedUnknown(pod.Status.InitContainerStatuses),
+				Containers:          terminatedUnknown(pod.Status.ContainerStatuses),
+				EphemeralContainers: terminatedUnknown(pod.Status.EphemeralContainerStatuses)}
+			if _, written, err := a.writeStatus(ctx, key, pod, podStatus(pod, state, a.cfg.AdvertiseAddr)); err != nil || !written {
+				return false, err // not written: a newer version is on its way (kicked), or the pod is gone
+			}
+		}
 		zero := int64(0)
 		err := a.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 			GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &pod.UID}})

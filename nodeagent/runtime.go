@@ -39,6 +39,9 @@ type PodState struct {
 	// FailReason, when set, fails the pod whatever its containers say, with FailMessage: the agent ended it
 	// (its active deadline passed).
 	FailReason, FailMessage string
+	// Killed: the agent killed the pod's containers for its deletion; the phase is terminal, Failed unless
+	// every container succeeded.
+	Killed bool
 }
 
 // simulatedRuntime runs no containers: every container starts at once and stays running and ready. It goes

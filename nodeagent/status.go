@@ -42,6 +42,12 @@ func podStatus(pod *corev1.Pod, state *PodState, hostIP string) corev1.PodStatus
 		}
 	}
 	status.Phase = podPhase(pod.Spec.RestartPolicy, state, initialized)
+	if state.Killed && status.Phase != corev1.PodSucceeded && status.Phase != corev1.PodFailed {
+		status.Phase = corev1.PodFailed
+		if allSucceeded(state.Containers) {
+			status.Phase = corev1.PodSucceeded
+		}
+	}
 	if state.FailReason != "" {
 		status.Phase, status.Reason, status.Message = corev1.PodFailed, state.FailReason, state.FailMessage
 	}
@@ -132,6 +138,16 @@ func podPhase(policy corev1.RestartPolicy, state *PodState, initialized bool) co
 // containers for the pod's life.
 func isSidecar(c *corev1.Container) bool {
 	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+}
+
+// allSucceeded tells whether every container terminated with exit code 0.
+func allSucceeded(statuses []corev1.ContainerStatus) bool {
+	for _, c := range statuses {
+		if t := c.State.Terminated; t == nil || t.ExitCode != 0 {
+			return false
+		}
+	}
+	return len(statuses) > 0
 }
 
 // isSidecarName tells whether the pod's init container of that name is a sidecar.
