@@ -1,11 +1,13 @@
 package apiserver
 
 import (
+	"context"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	apiresource "k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -43,5 +45,32 @@ func TestValidateNewEphemeral(t *testing.T) {
 				t.Fatalf("errors %v, want one on %s", errs, tc.want)
 			}
 		})
+	}
+}
+
+// TestEphemeralContainersBumpGeneration: adding an ephemeral container through the subresource is a change
+// of the pod's spec, so metadata.generation grows by one, as kube-apiserver does; an update that adds none
+// leaves it, and nothing else of the pod changes.
+func TestEphemeralContainersBumpGeneration(t *testing.T) {
+	var pods *kind
+	for _, k := range kinds {
+		if k.resource == "pods" && k.gv.Group == "" {
+			pods = k
+		}
+	}
+	st := ephemeralStrategy{newStrategy(pods)}
+	old := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default", Generation: 4}, Spec: corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "app", Image: "web:1"}}}}
+	same := old.DeepCopy()
+	st.PrepareForUpdate(context.Background(), same, old)
+	if same.Generation != 4 {
+		t.Errorf("no ephemeral container added: generation %d, want 4", same.Generation)
+	}
+	added := old.DeepCopy()
+	added.Labels = map[string]string{"ignored": "yes"}
+	added.Spec.EphemeralContainers = []corev1.EphemeralContainer{{EphemeralContainerCommon: corev1.EphemeralContainerCommon{Name: "dbg", Image: "busybox"}}}
+	st.PrepareForUpdate(context.Background(), added, old)
+	if added.Generation != 5 || len(added.Spec.EphemeralContainers) != 1 || added.Labels != nil {
+		t.Errorf("ephemeral container added: generation %d (want 5), %d ephemeral containers, labels %v", added.Generation, len(added.Spec.EphemeralContainers), added.Labels)
 	}
 }

@@ -11,6 +11,8 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	utilsysctl "k8s.io/component-helpers/node/util/sysctl"
+	corevalidation "k8s.io/kubernetes/pkg/apis/core/validation"
 )
 
 // defaultPod applies the defaults Kubernetes applies to a pod.
@@ -191,6 +193,37 @@ func validatePod(o runtime.Object) field.ErrorList {
 	if g := pod.Spec.TerminationGracePeriodSeconds; g != nil && *g < 0 {
 		errs = append(errs, field.Invalid(spec.Child("terminationGracePeriodSeconds"), *g, "must be >= 0"))
 	}
+	if sc := pod.Spec.SecurityContext; sc != nil {
+		errs = append(errs, validateSysctls(sc.Sysctls, &pod.Spec, spec.Child("securityContext", "sysctls"))...)
+	}
+	return errs
+}
+
+// validateSysctls is kube-apiserver's check of a pod's sysctls: valid, unique names, and no network (IPC)
+// sysctl in a pod sharing the host's network (IPC) namespace. Which sysctls a node allows is the node's
+// admission (SysctlForbidden), not the API's.
+func validateSysctls(sysctls []corev1.Sysctl, spec *corev1.PodSpec, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	names := sets.New[string]()
+	for i, s := range sysctls {
+		np := p.Index(i).Child("name")
+		switch {
+		case s.Name == "":
+			errs = append(errs, field.Required(np, ""))
+		case !corevalidation.IsValidSysctlName(s.Name):
+			errs = append(errs, field.Invalid(np, s.Name, fmt.Sprintf("must have at most %d characters and match regex ^%s$",
+				corevalidation.SysctlMaxLength, corevalidation.SysctlContainSlashFmt)))
+		case names.Has(s.Name):
+			errs = append(errs, field.Duplicate(np, s.Name))
+		}
+		names.Insert(s.Name)
+		switch ns, _, _ := utilsysctl.GetNamespace(s.Name); {
+		case spec.HostNetwork && ns == utilsysctl.NetNamespace:
+			errs = append(errs, field.Invalid(np, s.Name, "may not be specified when 'hostNetwork' is true"))
+		case spec.HostIPC && ns == utilsysctl.IPCNamespace:
+			errs = append(errs, field.Invalid(np, s.Name, "may not be specified when 'hostIPC' is true"))
+		}
+	}
 	return errs
 }
 
@@ -292,8 +325,13 @@ func validateContainer(c corev1.Container, p *field.Path, names, volumes sets.Se
 		if n != 1 {
 			errs = append(errs, field.Invalid(p.Child(probe.name), "", "must specify exactly one of exec, httpGet, tcpSocket or grpc"))
 		}
-		if h.GRPC != nil {
-			errs = append(errs, field.NotSupported(p.Child(probe.name, "grpc"), "grpc", []string{"exec", "httpGet", "tcpSocket"}))
+		if g := h.GRPC; g != nil {
+			for _, msg := range validation.IsValidPortNum(int(g.Port)) {
+				errs = append(errs, field.Invalid(p.Child(probe.name, "grpc", "port"), g.Port, msg))
+			}
+			if m := g.Mode; m != nil && *m != corev1.GRPCProbeModePlaintext && *m != corev1.GRPCProbeModeTLS {
+				errs = append(errs, field.NotSupported(p.Child(probe.name, "grpc", "mode"), *m, []corev1.GRPCProbeMode{corev1.GRPCProbeModePlaintext, corev1.GRPCProbeModeTLS}))
+			}
 		}
 	}
 	return errs
@@ -315,8 +353,7 @@ func validatePodUpdate(o, old runtime.Object) field.ErrorList {
 		}
 	}
 	mutated.ActiveDeadlineSeconds = pod.Spec.ActiveDeadlineSeconds
-	if len(pod.Spec.Tolerations) >= len(oldPod.Spec.Tolerations) &&
-		apiequality.Semantic.DeepEqual(pod.Spec.Tolerations[:len(oldPod.Spec.Tolerations)], oldPod.Spec.Tolerations) {
+	if onlyAddedTolerations(pod.Spec.Tolerations, oldPod.Spec.Tolerations) {
 		mutated.Tolerations = pod.Spec.Tolerations
 	}
 	if !apiequality.Semantic.DeepEqual(mutated, &pod.Spec) {
@@ -324,6 +361,25 @@ func validatePodUpdate(o, old runtime.Object) field.ErrorList {
 			"pod updates may not change fields other than `spec.containers[*].image`, `spec.initContainers[*].image`, `spec.activeDeadlineSeconds` or `spec.tolerations` (only additions to existing tolerations)")}
 	}
 	return nil
+}
+
+// onlyAddedTolerations is kube-apiserver's rule for a pod update's tolerations: every old toleration is still
+// there, in any order, changed at most in its tolerationSeconds.
+func onlyAddedTolerations(cur, old []corev1.Toleration) bool {
+	for _, o := range old {
+		found := false
+		for _, c := range cur {
+			o.TolerationSeconds = c.TolerationSeconds
+			if apiequality.Semantic.DeepEqual(o, c) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
 }
 
 func podFields(o runtime.Object) fields.Set {

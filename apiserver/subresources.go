@@ -122,10 +122,14 @@ func setPodCondition(status *corev1.PodStatus, c corev1.PodCondition) {
 type ephemeralStrategy struct{ strategy }
 
 func (s ephemeralStrategy) PrepareForUpdate(ctx context.Context, obj, old runtime.Object) {
-	pod := obj.(*corev1.Pod)
+	pod, oldPod := obj.(*corev1.Pod), old.(*corev1.Pod)
 	added := pod.Spec.EphemeralContainers
-	*pod = *old.(*corev1.Pod).DeepCopy()
+	*pod = *oldPod.DeepCopy()
 	pod.Spec.EphemeralContainers = added
+	// An ephemeral container is a change of the pod's spec: kube-apiserver bumps metadata.generation for it.
+	if !apiequality.Semantic.DeepEqual(added, oldPod.Spec.EphemeralContainers) {
+		pod.Generation = oldPod.Generation + 1
+	}
 	for i := range pod.Spec.EphemeralContainers {
 		c := &pod.Spec.EphemeralContainers[i]
 		if c.ImagePullPolicy == "" {

@@ -63,6 +63,8 @@ type Agent struct {
 	// runtime keeps until the pod is gone; a finished pod is never synced into running again.
 	finished map[string]*corev1.Pod
 	wg       sync.WaitGroup
+	// deadlines holds, by namespace/name, the wake-up of each pod with an active deadline (wakeAt).
+	deadlines map[string]*time.Timer
 	// statusWrites bounds the concurrent status writes, so that thousands of pods starting at once (a
 	// simulated node's, say) queue here rather than at the servers' in-flight limit.
 	statusWrites chan struct{}
@@ -372,7 +374,7 @@ func (a *Agent) kick(key string, after time.Duration) {
 		time.AfterFunc(after, func() { a.kick(key, 0) })
 		return
 	}
-	if a.ctx.Err() != nil {
+	if a.ctx == nil || a.ctx.Err() != nil {
 		return
 	}
 	a.mu.Lock()
@@ -426,7 +428,9 @@ func (a *Agent) runWorker(key string, w *podWorker) {
 //  1. gone from the API, or replaced by a new pod of the same name: stop what still runs of the old one;
 //  2. being deleted: kill its containers within the grace period, then confirm with a grace-0 delete;
 //  3. finished (Succeeded or Failed): make sure its containers and sandbox are removed; the status stays;
-//  4. otherwise: bring it up with the runtime and write its status if it changed.
+//  4. otherwise: admit it if it has not started (admit.go: sysctls, host ports), or refuse it for good; fail
+//     it once it is past its activeDeadlineSeconds; bring it up with the runtime and write its status if it
+//     changed.
 func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 	obj, exists, err := a.pods.GetByKey(key)
 	if err != nil {
@@ -453,6 +457,12 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 		a.setFinished(key, nil)
 	}
 	if !exists {
+		a.mu.Lock()
+		if t := a.deadlines[key]; t != nil {
+			t.Stop()
+			delete(a.deadlines, key)
+		}
+		a.mu.Unlock()
 		return true, nil
 	}
 	pod := obj.(*corev1.Pod)
@@ -468,6 +478,17 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 			return false, err
 		}
 		a.setRunning(key, nil)
+		if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed {
+			// As the kubelet's TerminatePod: a pod killed for its deletion ends in a terminal phase before it
+			// goes, so that whoever holds a finalizer on it (the Job controller) sees how it ended.
+			state := &PodState{IP: pod.Status.PodIP, Killed: true,
+				InitContainers:      terminatedUnknown(pod.Status.InitContainerStatuses),
+				Containers:          terminatedUnknown(pod.Status.ContainerStatuses),
+				EphemeralContainers: terminatedUnknown(pod.Status.EphemeralContainerStatuses)}
+			if _, written, err := a.writeStatus(ctx, key, pod, podStatus(pod, state, a.cfg.AdvertiseAddr)); err != nil || !written {
+				return false, err // not written: a newer version is on its way (kicked), or the pod is gone
+			}
+		}
 		zero := int64(0)
 		err := a.client.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{
 			GracePeriodSeconds: &zero, Preconditions: &metav1.Preconditions{UID: &pod.UID}})
@@ -484,6 +505,14 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 		a.setFinished(key, pod)
 		return false, nil
 	}
+	if res := a.admit(key, pod); res.reason != "" {
+		return false, a.reject(ctx, key, pod, res)
+	}
+	if exceeded, left := activeDeadlineExceeded(pod, time.Now()); exceeded {
+		return false, a.failPastDeadline(ctx, key, pod)
+	} else if left > 0 {
+		a.wakeAt(key, left)
+	}
 	a.setRunning(key, pod)
 	state, syncErr := a.runtime.SyncPod(ctx, pod)
 	if state == nil {
@@ -493,24 +522,12 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 	if apiequality.Semantic.DeepEqual(status, pod.Status) {
 		return false, syncErr
 	}
-	updated := pod.DeepCopy()
-	updated.Status = status
-	select {
-	case a.statusWrites <- struct{}{}:
-	case <-ctx.Done():
-		return false, ctx.Err()
-	}
-	_, err = a.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{})
-	<-a.statusWrites
-	if apierrors.IsConflict(err) {
-		a.kick(key, 100*time.Millisecond) // a newer version is on its way; sync against it
-		return false, syncErr
-	}
-	if apierrors.IsNotFound(err) {
-		return false, syncErr
-	}
+	updated, written, err := a.writeStatus(ctx, key, pod, status)
 	if err != nil {
 		return false, err
+	}
+	if !written {
+		return false, syncErr
 	}
 	if status.Phase == corev1.PodSucceeded || status.Phase == corev1.PodFailed {
 		// Finished: its containers and sandbox go now; the status and the containers' logs stay for the
@@ -523,6 +540,124 @@ func (a *Agent) syncPod(ctx context.Context, key string) (bool, error) {
 		return false, nil
 	}
 	return false, syncErr
+}
+
+// writeStatus writes the pod's status. written is false when the API refused it as stale (a newer version
+// is on its way, and the pod is synced again against it) or the pod is gone.
+func (a *Agent) writeStatus(ctx context.Context, key string, pod *corev1.Pod, status corev1.PodStatus) (updated *corev1.Pod, written bool, err error) {
+	updated = pod.DeepCopy()
+	updated.Status = status
+	select {
+	case a.statusWrites <- struct{}{}:
+	case <-ctx.Done():
+		return nil, false, ctx.Err()
+	}
+	_, err = a.client.CoreV1().Pods(pod.Namespace).UpdateStatus(ctx, updated, metav1.UpdateOptions{})
+	<-a.statusWrites
+	if apierrors.IsConflict(err) {
+		a.kick(key, 100*time.Millisecond) // a newer version is on its way; sync against it
+		return updated, false, nil
+	}
+	if apierrors.IsNotFound(err) {
+		return updated, false, nil
+	}
+	return updated, err == nil, err
+}
+
+// admit runs the node's admission (admit.go) for a pod the agent has not started: its sysctls, then its host
+// ports against the pods admitted before it. Admitted, it counts as running from then on, so the next pod's
+// check sees its ports.
+func (a *Agent) admit(key string, pod *corev1.Pod) admissionResult {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if cur := a.running[key]; (cur != nil && cur.UID == pod.UID) || pod.Status.StartTime != nil {
+		return admissionResult{}
+	}
+	if res := admitSysctls(pod); res.reason != "" {
+		return res
+	}
+	if len(hostPorts(pod)) == 0 {
+		// Most pods ask for no host port: no need to look at the node's other pods (thousands, on a
+		// simulated node).
+		a.running[key] = pod
+		return admissionResult{}
+	}
+	var admitted []*corev1.Pod
+	seen := map[types.UID]bool{pod.UID: true}
+	for _, p := range a.running {
+		if !seen[p.UID] && p.Spec.NodeName == pod.Spec.NodeName {
+			seen[p.UID] = true
+			admitted = append(admitted, p)
+		}
+	}
+	for _, obj := range a.pods.List() {
+		p := obj.(*corev1.Pod)
+		if seen[p.UID] || p.Spec.NodeName != pod.Spec.NodeName || p.Status.StartTime == nil ||
+			p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if f := a.finished[p.Namespace+"/"+p.Name]; f != nil && f.UID == p.UID {
+			continue
+		}
+		admitted = append(admitted, p)
+	}
+	if res := admitHostPorts(pod, admitted); res.reason != "" {
+		return res
+	}
+	a.running[key] = pod
+	return admissionResult{}
+}
+
+// reject fails a pod the node's admission refused, as the kubelet's rejectPod: a Warning event with the
+// reason, and the status Failed with "Pod was rejected: <message>". Nothing of the pod ever runs.
+func (a *Agent) reject(ctx context.Context, key string, pod *corev1.Pod, res admissionResult) error {
+	if a.recorder != nil {
+		a.recorder.Eventf(pod, corev1.EventTypeWarning, res.reason, "%s", res.message)
+	}
+	status := *pod.Status.DeepCopy()
+	status.Phase, status.Reason, status.Message = corev1.PodFailed, res.reason, "Pod was rejected: "+res.message
+	status.ObservedGeneration = pod.Generation
+	updated, written, err := a.writeStatus(ctx, key, pod, status)
+	if written {
+		a.setFinished(key, updated)
+	}
+	return err
+}
+
+// failPastDeadline ends a pod past its activeDeadlineSeconds, as the kubelet's active deadline handler: a
+// DeadlineExceeded event, its containers killed within their grace period and removed, then the pod Failed
+// with reason DeadlineExceeded; the containers that ran report ContainerStatusUnknown, as the kubelet's do
+// once they are gone.
+func (a *Agent) failPastDeadline(ctx context.Context, key string, pod *corev1.Pod) error {
+	if a.recorder != nil {
+		a.recorder.Eventf(pod, corev1.EventTypeNormal, deadlineReason, deadlineMessage)
+	}
+	if err := a.runtime.KillPod(ctx, pod, func() time.Duration { return terminationGrace(pod) }); err != nil {
+		return err
+	}
+	a.setRunning(key, nil)
+	state := &PodState{IP: pod.Status.PodIP, FailReason: deadlineReason, FailMessage: deadlineMessage,
+		InitContainers:      terminatedUnknown(pod.Status.InitContainerStatuses),
+		Containers:          terminatedUnknown(pod.Status.ContainerStatuses),
+		EphemeralContainers: terminatedUnknown(pod.Status.EphemeralContainerStatuses)}
+	updated, written, err := a.writeStatus(ctx, key, pod, podStatus(pod, state, a.cfg.AdvertiseAddr))
+	if written {
+		a.setFinished(key, updated)
+	}
+	return err
+}
+
+// wakeAt syncs the pod again after d (its active deadline), replacing the wake-up an earlier sync set.
+func (a *Agent) wakeAt(key string, d time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.deadlines == nil {
+		a.deadlines = map[string]*time.Timer{}
+	}
+	if t := a.deadlines[key]; t != nil {
+		t.Stop()
+	}
+	a.deadlines[key] = time.AfterFunc(d, func() { a.kick(key, 0) })
 }
 
 // graceOf is the pod's grace period as the API says now: the API may shorten it while the agent waits.

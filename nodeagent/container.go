@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -89,6 +90,9 @@ func (r *containerdRuntime) startContainer(ctx context.Context, pod *corev1.Pod,
 	}
 	if c.Stdin && c.StdinOnce {
 		labels[labelStdinOnce] = "true"
+	}
+	if applied, err := json.Marshal(cgroupResources(c)); err == nil {
+		labels[labelResources] = string(applied)
 	}
 	create := func() (containerd.Container, error) {
 		return r.client.NewContainer(ctx, id, containerd.WithNewSnapshot(id, img), containerd.WithNewSpec(opts...), containerd.WithContainerLabels(labels))
@@ -387,6 +391,47 @@ func (r *containerdRuntime) specOpts(pod *corev1.Pod, c *corev1.Container, img c
 		return nil, err
 	}
 	return append(opts, sec...), nil
+}
+
+// cgroupResources is what resourceOpts applies of a container's resources: its cpu and memory requests and
+// limits.
+func cgroupResources(c *corev1.Container) corev1.ResourceRequirements {
+	var out corev1.ResourceRequirements
+	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if q, ok := c.Resources.Requests[name]; ok {
+			if out.Requests == nil {
+				out.Requests = corev1.ResourceList{}
+			}
+			out.Requests[name] = q.DeepCopy()
+		}
+		if q, ok := c.Resources.Limits[name]; ok {
+			if out.Limits == nil {
+				out.Limits = corev1.ResourceList{}
+			}
+			out.Limits[name] = q.DeepCopy()
+		}
+	}
+	return out
+}
+
+// appliedResources is a container's status.resources: the spec's resources, with the cpu and memory values
+// its cgroup was created with (recorded on the container) in place of the spec's. A container made before
+// the record existed reports the spec's.
+func appliedResources(rec *ctrRecord, c *corev1.Container) *corev1.ResourceRequirements {
+	res := c.Resources.DeepCopy()
+	var applied corev1.ResourceRequirements
+	if raw := rec.labels[labelResources]; raw == "" || json.Unmarshal([]byte(raw), &applied) != nil {
+		return res
+	}
+	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
+		if q, ok := applied.Requests[name]; ok && res.Requests != nil {
+			res.Requests[name] = q
+		}
+		if q, ok := applied.Limits[name]; ok && res.Limits != nil {
+			res.Limits[name] = q
+		}
+	}
+	return res
 }
 
 // resourceOpts maps requests and limits to cgroup settings as the kubelet does: CPU shares from the request

@@ -153,7 +153,7 @@ func TestEphemeralStatus(t *testing.T) {
 				t.Fatalf("ephemeral statuses %+v", state.EphemeralContainers)
 			}
 			failed, running, pending := state.EphemeralContainers[0], state.EphemeralContainers[1], state.EphemeralContainers[2]
-			wantFailed := corev1.ContainerStatus{Name: "failed", Image: "busybox", ImageID: "busybox@sha256:abc",
+			wantFailed := corev1.ContainerStatus{Name: "failed", Image: "busybox", ImageID: "busybox@sha256:abc", Resources: &corev1.ResourceRequirements{},
 				ContainerID: "containerd://u1-ephemeral-failed-0", State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
 					ExitCode: 3, Reason: "Error", StartedAt: metav1.NewTime(started), FinishedAt: metav1.NewTime(finished),
 					ContainerID: "containerd://u1-ephemeral-failed-0"}}}

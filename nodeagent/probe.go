@@ -99,7 +99,7 @@ var probeTransport = &http.Transport{
 	DisableCompression: true,
 }
 
-// runProbe runs one probe attempt (exec, httpGet or tcpSocket; grpc is not supported) within the probe's
+// runProbe runs one probe attempt (exec, httpGet, tcpSocket or grpc) within the probe's
 // timeoutSeconds (default 1 s) and reports whether it succeeded, with a short output or reason for events.
 func runProbe(ctx context.Context, kind probeType, p *corev1.Probe, pod *corev1.Pod, c *corev1.Container, containerID string, ex execer) (ok bool, output string) {
 	outcome, out := probeOnce(ctx, kind, p, pod, c, containerID, ex)
@@ -121,7 +121,7 @@ func probeOnce(ctx context.Context, _ probeType, p *corev1.Probe, pod *corev1.Po
 	case p.TCPSocket != nil:
 		return tcpProbe(ctx, p.TCPSocket, pod, c)
 	case p.GRPC != nil:
-		return probeErrored, "grpc probes are not supported"
+		return grpcProbe(ctx, p.GRPC, pod, timeout)
 	}
 	return probeErrored, "probe has no handler"
 }

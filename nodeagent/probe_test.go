@@ -269,10 +269,6 @@ func TestProbeExecAndOthers(t *testing.T) {
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("exec timeout took %s", d)
 	}
-	grpc := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{GRPC: &corev1.GRPCAction{Port: 9000}}}
-	if ok, out := runProbe(context.Background(), livenessProbe, grpc, pod, c, "good", ex); ok || out != "grpc probes are not supported" {
-		t.Errorf("grpc = %v, %q", ok, out)
-	}
 	if startupProbe.String() != "Startup" || livenessProbe.String() != "Liveness" || readinessProbe.String() != "Readiness" {
 		t.Error("probeType names")
 	}

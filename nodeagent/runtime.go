@@ -36,6 +36,12 @@ type PodState struct {
 	// EphemeralContainers are the ephemeral containers' statuses, in spec order. They count for neither the
 	// pod's phase nor its readiness.
 	EphemeralContainers []corev1.ContainerStatus
+	// FailReason, when set, fails the pod whatever its containers say, with FailMessage: the agent ended it
+	// (its active deadline passed).
+	FailReason, FailMessage string
+	// Killed: the agent killed the pod's containers for its deletion; the phase is terminal, Failed unless
+	// every container succeeded.
+	Killed bool
 }
 
 // simulatedRuntime runs no containers: every container starts at once and stays running and ready. It goes

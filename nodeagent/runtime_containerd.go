@@ -50,6 +50,7 @@ const (
 	labelFinished     = "io.skiff.container.finished"
 	labelExitCode     = "io.skiff.container.exit-code"
 	labelReason       = "io.skiff.container.reason"
+	labelResources    = "io.skiff.container.resources" // the cpu and memory requests and limits applied, as JSON
 	labelIP           = "io.skiff.sandbox.ip"
 	labelNetns        = "io.skiff.sandbox.netns"
 
@@ -554,9 +555,18 @@ func (r *containerdRuntime) syncInitContainers(ctx context.Context, pod *corev1.
 		c := &pod.Spec.InitContainers[i]
 		last := recs.latest(kindInit, c.Name)
 		if isSidecar(c) {
-			// A sidecar (restartPolicy Always) counts as done once it runs, and restarts whenever it exits.
+			// A sidecar (restartPolicy Always) counts as done once it runs, and restarts whenever it exits or
+			// fails its liveness probe.
 			if last != nil && last.running {
-				continue
+				failed, _ := r.probes.livenessFailed(pod.UID, c.Name, last.id)
+				if !failed {
+					continue
+				}
+				if err := r.killContainer(ctx, pod, c, last, time.Now(), func() time.Duration { return terminationGrace(pod) },
+					fmt.Sprintf("Container %s failed liveness probe, will be restarted", c.Name)); err != nil {
+					return false, err
+				}
+				return false, nil // the exit is seen by the next sync, which restarts it after its backoff
 			}
 			if last != nil && last.exited {
 				if wait, left := r.crashBackoff.inBackoff(backoffKey(pod.UID, c.Name)); wait {
@@ -673,7 +683,7 @@ func (r *containerdRuntime) watchExits(ctx context.Context, pod *corev1.Pod, rec
 	running := map[string]runningContainer{}
 	for _, attempts := range recs.attempts {
 		last := attempts[len(attempts)-1]
-		if last.kind == kindApp && last.running {
+		if last.running && (last.kind == kindApp || last.kind == kindInit && isSidecarName(pod, last.name)) {
 			running[last.name] = runningContainer{ID: last.id, StartedAt: last.startedAt}
 		}
 		if !last.running {
@@ -961,13 +971,17 @@ func (r *containerdRuntime) containerStatus(pod *corev1.Pod, c *corev1.Container
 	s.RestartCount = int32(last.attempt)
 	s.ContainerID = "containerd://" + last.id
 	s.ImageID = last.labels[labelImageID]
+	// As the kubelet: resources are those the container's cgroup was given, allocatedResources the spec's
+	// requests.
+	s.Resources = appliedResources(last, c)
+	s.AllocatedResources = c.Resources.Requests.DeepCopy()
 	if prev := recs.previous(kind, c.Name); prev != nil && prev.exited {
 		s.LastTerminationState.Terminated = terminated(prev)
 	}
 	switch {
 	case last.running:
 		s.State.Running = &corev1.ContainerStateRunning{StartedAt: metav1.NewTime(last.startedAt)}
-		if kind == kindApp && r.probes != nil {
+		if (kind == kindApp || isSidecar(c)) && r.probes != nil {
 			started = r.probes.started(pod.UID, c.Name, last.id)
 			s.Ready = started && r.probes.ready(pod.UID, c.Name, last.id)
 		} else {
@@ -983,6 +997,8 @@ func (r *containerdRuntime) containerStatus(pod *corev1.Pod, c *corev1.Container
 		s.LastTerminationState.Terminated = terminated(last)
 	default:
 		s.State.Terminated = terminated(last)
+		// As the kubelet's prober manager: an init container that succeeded is ready.
+		s.Ready = kind == kindInit && last.exitCode == 0
 	}
 	return s
 }

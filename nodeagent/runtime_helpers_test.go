@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -93,19 +94,28 @@ func TestPodStatusConditions(t *testing.T) {
 		want  conds
 	}{
 		{"sandbox not ready", PodState{Containers: []corev1.ContainerStatus{csWaiting()}}, corev1.PodPending,
-			conds{corev1.PodReadyToStartContainers: F, corev1.PodInitialized: T, corev1.ContainersReady: F, corev1.PodReady: F}},
+			conds{corev1.PodReadyToStartContainers: F, corev1.PodInitialized: T, corev1.ContainersReady: F, corev1.PodReady: F, corev1.PodScheduled: T}},
 		{"init container running", PodState{SandboxReady: true, InitContainers: []corev1.ContainerStatus{csRunning()},
 			Containers: []corev1.ContainerStatus{csWaiting()}}, corev1.PodPending,
-			conds{corev1.PodReadyToStartContainers: T, corev1.PodInitialized: F, corev1.ContainersReady: F, corev1.PodReady: F}},
+			conds{corev1.PodReadyToStartContainers: T, corev1.PodInitialized: F, corev1.ContainersReady: F, corev1.PodReady: F, corev1.PodScheduled: T}},
 		{"running, one not ready", PodState{SandboxReady: true, InitContainers: []corev1.ContainerStatus{csExited(0)},
 			Containers: []corev1.ContainerStatus{ready(csRunning()), csRunning()}}, corev1.PodRunning,
-			conds{corev1.PodReadyToStartContainers: T, corev1.PodInitialized: T, corev1.ContainersReady: F, corev1.PodReady: F}},
+			conds{corev1.PodReadyToStartContainers: T, corev1.PodInitialized: T, corev1.ContainersReady: F, corev1.PodReady: F, corev1.PodScheduled: T}},
 		{"all ready", PodState{SandboxReady: true, IP: "10.42.0.7", Containers: []corev1.ContainerStatus{ready(csRunning()), ready(csRunning())}},
-			corev1.PodRunning, conds{corev1.PodReadyToStartContainers: T, corev1.PodInitialized: T, corev1.ContainersReady: T, corev1.PodReady: T}},
+			corev1.PodRunning, conds{corev1.PodReadyToStartContainers: T, corev1.PodInitialized: T, corev1.ContainersReady: T, corev1.PodReady: T, corev1.PodScheduled: T}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			pod := &corev1.Pod{Spec: corev1.PodSpec{RestartPolicy: corev1.RestartPolicyAlways}}
+			// The spec names the containers the statuses report, as the kubelet's condition rules read it.
+			for i := range tt.state.InitContainers {
+				tt.state.InitContainers[i].Name = fmt.Sprintf("init%d", i)
+				pod.Spec.InitContainers = append(pod.Spec.InitContainers, corev1.Container{Name: tt.state.InitContainers[i].Name})
+			}
+			for i := range tt.state.Containers {
+				tt.state.Containers[i].Name = fmt.Sprintf("app%d", i)
+				pod.Spec.Containers = append(pod.Spec.Containers, corev1.Container{Name: tt.state.Containers[i].Name})
+			}
 			tt.state.Started = time.Unix(1000, 0)
 			st := podStatus(pod, &tt.state, "192.168.1.10")
 			if st.Phase != tt.phase {
@@ -115,7 +125,7 @@ func TestPodStatusConditions(t *testing.T) {
 			for _, c := range st.Conditions {
 				got[c.Type] = c.Status
 			}
-			if !reflect.DeepEqual(got, tt.want) || len(st.Conditions) != 4 {
+			if !reflect.DeepEqual(got, tt.want) || len(st.Conditions) != 5 {
 				t.Errorf("conditions %v, want %v", st.Conditions, tt.want)
 			}
 			if st.HostIP != "192.168.1.10" || !reflect.DeepEqual(st.HostIPs, []corev1.HostIP{{IP: "192.168.1.10"}}) {
@@ -139,11 +149,12 @@ func TestPodStatusKeepsTransitionTimes(t *testing.T) {
 		{Type: corev1.PodInitialized, Status: corev1.ConditionTrue, LastTransitionTime: old},
 		{Type: corev1.ContainersReady, Status: corev1.ConditionFalse, LastTransitionTime: old},
 		{Type: corev1.PodReady, Status: corev1.ConditionFalse, LastTransitionTime: old},
+		{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: old},
 	}}}
 	c := csRunning()
 	c.Ready = true
 	st := podStatus(pod, &PodState{SandboxReady: true, Started: time.Unix(2000, 0), Containers: []corev1.ContainerStatus{c}}, "192.168.1.10")
-	if len(st.Conditions) != 4 {
+	if len(st.Conditions) != 5 {
 		t.Fatalf("conditions %v", st.Conditions)
 	}
 	for _, c := range st.Conditions {

@@ -57,6 +57,9 @@ func (r *containerdRuntime) createSandbox(ctx context.Context, pod *corev1.Pod) 
 	} else {
 		opts = append(opts, oci.WithHostname(hostname))
 	}
+	// The pod's sysctls go where containerd's CRI plugin puts them: on the sandbox, whose network and IPC
+	// namespaces the pod's containers join. Admission (admit.go) let only namespaced, safe ones through.
+	opts = append(opts, withSysctls(podSysctls(pod)))
 	labels := map[string]string{labelPodUID: string(pod.UID), labelPodName: pod.Name, labelPodNamespace: pod.Namespace, labelKind: kindSandbox}
 	ctr, err := r.newContainer(ctx, id, func() (containerd.Container, error) {
 		return r.client.NewContainer(ctx, id, containerd.WithNewSnapshot(id, pause), containerd.WithNewSpec(opts...),

@@ -3,12 +3,18 @@ package nodeagent
 import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
+	kubeletstatus "k8s.io/kubernetes/pkg/kubelet/status"
 )
 
-// podStatus turns a runtime's view of a pod into the status Kubernetes shows: phase, the five conditions,
-// IPs, start time and container statuses. Conditions keep their transition time while unchanged. Ephemeral
-// containers are reported but, as in the kubelet, count for neither the phase nor readiness.
+// podStatus turns a runtime's view of a pod into the status Kubernetes shows: phase, the kubelet's five
+// conditions (with its reasons and messages, from the kubelet's own generators), IPs, start time, container
+// statuses and the generation acted on (status.observedGeneration, and each condition's). Conditions keep
+// their transition time while their status is unchanged; conditions the kubelet does not own (readiness
+// gates, DisruptionTarget) are kept as they are. Ephemeral containers are reported but, as in the kubelet,
+// count for neither the phase nor readiness.
 func podStatus(pod *corev1.Pod, state *PodState, hostIP string) corev1.PodStatus {
+	old := &pod.Status
 	status := *pod.Status.DeepCopy()
 	status.HostIP = hostIP
 	status.HostIPs = []corev1.HostIP{{IP: hostIP}}
@@ -23,6 +29,7 @@ func podStatus(pod *corev1.Pod, state *PodState, hostIP string) corev1.PodStatus
 	status.InitContainerStatuses = state.InitContainers
 	status.ContainerStatuses = state.Containers
 	status.EphemeralContainerStatuses = state.EphemeralContainers
+	status.ObservedGeneration = podutil.CalculatePodStatusObservedGeneration(pod)
 
 	initialized := true
 	for i, c := range state.InitContainers {
@@ -34,31 +41,52 @@ func podStatus(pod *corev1.Pod, state *PodState, hostIP string) corev1.PodStatus
 			initialized = false
 		}
 	}
-	ready := len(state.Containers) > 0
-	for _, c := range state.Containers {
-		ready = ready && c.Ready
-	}
 	status.Phase = podPhase(pod.Spec.RestartPolicy, state, initialized)
-	cond := func(t corev1.PodConditionType, ok bool) {
-		s := corev1.ConditionFalse
-		if ok {
-			s = corev1.ConditionTrue
+	if state.Killed && status.Phase != corev1.PodSucceeded && status.Phase != corev1.PodFailed {
+		status.Phase = corev1.PodFailed
+		if allSucceeded(state.Containers) {
+			status.Phase = corev1.PodSucceeded
 		}
-		for i := range status.Conditions {
-			if status.Conditions[i].Type == t {
-				if status.Conditions[i].Status != s {
-					status.Conditions[i].Status, status.Conditions[i].LastTransitionTime = s, metav1.Now()
-				}
-				return
-			}
-		}
-		status.Conditions = append(status.Conditions, corev1.PodCondition{Type: t, Status: s, LastTransitionTime: metav1.Now()})
 	}
-	cond(corev1.PodReadyToStartContainers, state.SandboxReady)
-	cond(corev1.PodInitialized, initialized)
-	cond(corev1.ContainersReady, ready && initialized)
-	cond(corev1.PodReady, ready && initialized)
+	if state.FailReason != "" {
+		status.Phase, status.Reason, status.Message = corev1.PodFailed, state.FailReason, state.FailMessage
+	}
+
+	all := append(append([]corev1.ContainerStatus{}, status.InitContainerStatuses...), status.ContainerStatuses...)
+	generation := func(t corev1.PodConditionType) int64 {
+		return podutil.CalculatePodConditionObservedGeneration(old, pod.Generation, t)
+	}
+	sandbox := corev1.PodCondition{Type: corev1.PodReadyToStartContainers, Status: corev1.ConditionFalse, ObservedGeneration: generation(corev1.PodReadyToStartContainers)}
+	if state.SandboxReady {
+		sandbox.Status = corev1.ConditionTrue
+	}
+	setCondition(&status, sandbox)
+	setCondition(&status, kubeletstatus.GeneratePodInitializedCondition(pod, old, all, status.Phase))
+	// Readiness gates are read from the conditions as they are now.
+	setCondition(&status, kubeletstatus.GeneratePodReadyCondition(pod, old, status.Conditions, all, status.Phase))
+	setCondition(&status, kubeletstatus.GenerateContainersReadyCondition(pod, old, all, status.Phase))
+	setCondition(&status, corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, ObservedGeneration: generation(corev1.PodScheduled)})
 	return status
+}
+
+// setCondition puts a condition in the status, in place of the one of its type (whose transition time it
+// keeps when the status is the same), or at the end.
+func setCondition(status *corev1.PodStatus, c corev1.PodCondition) {
+	for i := range status.Conditions {
+		prev := &status.Conditions[i]
+		if prev.Type != c.Type {
+			continue
+		}
+		c.LastProbeTime = prev.LastProbeTime
+		c.LastTransitionTime = prev.LastTransitionTime
+		if prev.Status != c.Status || c.LastTransitionTime.IsZero() {
+			c.LastTransitionTime = metav1.Now()
+		}
+		*prev = c
+		return
+	}
+	c.LastTransitionTime = metav1.Now()
+	status.Conditions = append(status.Conditions, c)
 }
 
 // podPhase is the kubelet's phase rule. Containers that never ran keep the pod Pending; a container waiting
@@ -110,6 +138,26 @@ func podPhase(policy corev1.RestartPolicy, state *PodState, initialized bool) co
 // containers for the pod's life.
 func isSidecar(c *corev1.Container) bool {
 	return c.RestartPolicy != nil && *c.RestartPolicy == corev1.ContainerRestartPolicyAlways
+}
+
+// allSucceeded tells whether every container terminated with exit code 0.
+func allSucceeded(statuses []corev1.ContainerStatus) bool {
+	for _, c := range statuses {
+		if t := c.State.Terminated; t == nil || t.ExitCode != 0 {
+			return false
+		}
+	}
+	return len(statuses) > 0
+}
+
+// isSidecarName tells whether the pod's init container of that name is a sidecar.
+func isSidecarName(pod *corev1.Pod, name string) bool {
+	for i := range pod.Spec.InitContainers {
+		if pod.Spec.InitContainers[i].Name == name {
+			return isSidecar(&pod.Spec.InitContainers[i])
+		}
+	}
+	return false
 }
 
 // initContainerDone tells whether an init container no longer holds up the pod: it succeeded, or it is a

@@ -8,7 +8,7 @@ import (
 	"k8s.io/apiserver/pkg/admission"
 )
 
-// defaultTolerationAdmission gives every new pod tolerations of the not-ready and unreachable NoExecute
+// defaultTolerationAdmission gives every new or updated pod tolerations of the not-ready and unreachable NoExecute
 // taints for a bounded time, unless it has its own, as Kubernetes' DefaultTolerationSeconds plugin does. So a
 // pod on a lost node is evicted after that time (300 s by default), not at once.
 type defaultTolerationAdmission struct {
@@ -17,7 +17,9 @@ type defaultTolerationAdmission struct {
 }
 
 func newDefaultTolerationAdmission(seconds int64) *defaultTolerationAdmission {
-	return &defaultTolerationAdmission{Handler: admission.NewHandler(admission.Create), seconds: seconds}
+	// Updates too, as Kubernetes' plugin: an update that replaces the tolerations gets the defaults back, and
+	// so keeps the ones the pod was created with (pod validation lets tolerations be added, never removed).
+	return &defaultTolerationAdmission{Handler: admission.NewHandler(admission.Create, admission.Update), seconds: seconds}
 }
 
 var _ admission.MutationInterface = &defaultTolerationAdmission{}

@@ -138,7 +138,7 @@ func TestDefaultTolerationAdmissionUntouched(t *testing.T) {
 func TestDefaultTolerationAdmissionHandles(t *testing.T) {
 	plugin := newDefaultTolerationAdmission(300)
 	for op, want := range map[admission.Operation]bool{
-		admission.Create: true, admission.Update: false, admission.Delete: false, admission.Connect: false,
+		admission.Create: true, admission.Update: true, admission.Delete: false, admission.Connect: false,
 	} {
 		if got := plugin.Handles(op); got != want {
 			t.Errorf("Handles(%s) = %v, want %v", op, got, want)
@@ -151,5 +151,25 @@ func TestDefaultTolerationAdmissionNotAPod(t *testing.T) {
 		corev1.Resource("pods").WithVersion("v1"), "", admission.Create, &metav1.CreateOptions{}, false, nil)
 	if err := newDefaultTolerationAdmission(300).Admit(context.Background(), a, nil); err == nil {
 		t.Error("Admit of a non-Pod object under pods: no error")
+	}
+}
+
+// TestDefaultTolerationAdmissionOnUpdate: an update that replaces a pod's tolerations gets the default ones
+// back, as with Kubernetes' plugin, so that the update only adds tolerations (the conformance test of pod
+// generations sets tolerations to one of its own).
+func TestDefaultTolerationAdmissionOnUpdate(t *testing.T) {
+	own := corev1.Toleration{Key: "foo", Operator: corev1.TolerationOpEqual, Value: "bar", Effect: corev1.TaintEffectNoSchedule}
+	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "default"}, Spec: corev1.PodSpec{Tolerations: []corev1.Toleration{own}}}
+	a := admission.NewAttributesRecord(pod, pod.DeepCopy(), corev1.SchemeGroupVersion.WithKind("Pod"), "default", "p",
+		corev1.Resource("pods").WithVersion("v1"), "", admission.Update, &metav1.UpdateOptions{}, false, nil)
+	plugin := newDefaultTolerationAdmission(300)
+	if !plugin.Handles(admission.Update) {
+		t.Fatal("the plugin does not handle updates")
+	}
+	if err := plugin.Admit(context.Background(), a, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := tolerationStrings(pod.Spec.Tolerations); len(got) != 3 {
+		t.Errorf("tolerations after the update %v; want foo and the two defaults", got)
 	}
 }

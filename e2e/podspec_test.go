@@ -1,0 +1,134 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/skiff-dev/skiff/internal/proctest"
+	"github.com/skiff-dev/skiff/internal/testimages"
+)
+
+const sidecarPodYAML = `apiVersion: v1
+kind: Pod
+metadata: {name: side}
+spec:
+  terminationGracePeriodSeconds: 1
+  securityContext:
+    sysctls: [{name: kernel.shm_rmid_forced, value: "1"}, {name: net/ipv4/ip_local_port_range, value: "20000 30000"}]
+  initContainers:
+  - name: sidecar
+    image: %[1]s
+    restartPolicy: Always
+    command: ["sh", "-c", "touch /tmp/alive; exec sleep 3600"]
+    livenessProbe:
+      exec: {command: ["cat", "/tmp/alive"]}
+      periodSeconds: 1
+      failureThreshold: 1
+  containers:
+  - name: app
+    image: %[1]s
+    command: ["sleep", "3600"]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: unsafe-sysctl}
+spec:
+  securityContext:
+    sysctls: [{name: kernel.msgmax, value: "10000000000"}]
+  containers:
+  - name: app
+    image: %[1]s
+    command: ["sleep", "3600"]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: deadline}
+spec:
+  activeDeadlineSeconds: 5
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: %[1]s
+    command: ["sleep", "3600"]
+`
+
+// TestRealPodSpecNodeRules runs, on containerd, what the node decides of a pod spec (docs/operations.md):
+// safe sysctls set in the pod's namespaces (seen by its containers); an unsafe one refused by the node with
+// SysctlForbidden and nothing started; a sidecar restarted when its liveness probe fails; and a pod past its
+// activeDeadlineSeconds killed and Failed with DeadlineExceeded.
+func TestRealPodSpecNodeRules(t *testing.T) {
+	parallelOnHostNetwork(t)
+	requireRealRuntime(t)
+	registry := testimages.StartRegistry(t)
+	images := testimages.Push(t, registry)
+	c := proctest.NewCluster(t, 1, fmt.Sprintf("token = %q", joinToken))
+	c.Start(c.Procs[0])
+	k := kubectl{t: t, kubeconfig: c.Procs[0].Kubeconfig()}
+	k.waitForAPI("default")
+	agent := newRealAgent(t, apiAddr(t, c.Procs[0].Kubeconfig()), registry)
+	agent.start()
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := k.run("describe", "pods")
+			t.Logf("kubectl describe pods:\n%s", out)
+		}
+	})
+	proctest.WaitFor(t, "the node Ready", 60*time.Second, func() error {
+		if out, err := k.run("get", "node", agent.name, "--no-headers"); err != nil || !strings.Contains(out, " Ready ") {
+			return fmt.Errorf("not yet: %s", out)
+		}
+		return nil
+	})
+	applyYAML(t, k, fmt.Sprintf(sidecarPodYAML, images.Busybox))
+
+	// Safe sysctls are set in the pod's IPC and network namespaces, which the app container shares.
+	proctest.WaitFor(t, "side Running with the sidecar and the app ready", 120*time.Second, func() error {
+		out := k.ok("get", "pod", "side", "-o", "jsonpath={.status.phase} {.status.initContainerStatuses[0].ready} {.status.containerStatuses[0].ready}")
+		if out != "Running true true" {
+			return fmt.Errorf("not yet: %s", out)
+		}
+		return nil
+	})
+	if got := strings.TrimSpace(k.ok("exec", "side", "-c", "app", "--", "cat", "/proc/sys/kernel/shm_rmid_forced")); got != "1" {
+		t.Errorf("kernel.shm_rmid_forced in the app container = %q, want 1", got)
+	}
+	if got := strings.Join(strings.Fields(k.ok("exec", "side", "-c", "app", "--", "cat", "/proc/sys/net/ipv4/ip_local_port_range")), " "); got != "20000 30000" {
+		t.Errorf("net.ipv4.ip_local_port_range in the app container = %q, want 20000 30000", got)
+	}
+
+	// An unsafe sysctl: refused by the node, nothing started.
+	proctest.WaitFor(t, "unsafe-sysctl Failed with SysctlForbidden", 60*time.Second, func() error {
+		out := k.ok("get", "pod", "unsafe-sysctl", "-o", "jsonpath={.status.phase} {.status.reason} {.status.message}")
+		if !strings.HasPrefix(out, `Failed SysctlForbidden Pod was rejected: forbidden sysctl: "kernel.msgmax" not allowlisted`) {
+			return fmt.Errorf("not yet: %s", out)
+		}
+		return nil
+	})
+	if out := k.ok("get", "pod", "unsafe-sysctl", "-o", "jsonpath={.status.containerStatuses}"); out != "" {
+		t.Errorf("the refused pod reports containers: %s", out)
+	}
+
+	// The sidecar's liveness probe fails: it is restarted, the app container is not.
+	k.ok("exec", "side", "-c", "sidecar", "--", "rm", "/tmp/alive")
+	proctest.WaitFor(t, "the sidecar restarted", 60*time.Second, func() error {
+		out := k.ok("get", "pod", "side", "-o", "jsonpath={.status.initContainerStatuses[0].restartCount} {.status.containerStatuses[0].restartCount}")
+		if out != "1 0" {
+			return fmt.Errorf("restart counts (sidecar, app) %q", out)
+		}
+		return nil
+	})
+
+	// The active deadline: killed and Failed with DeadlineExceeded.
+	proctest.WaitFor(t, "deadline Failed with DeadlineExceeded", 60*time.Second, func() error {
+		out := k.ok("get", "pod", "deadline", "-o", "jsonpath={.status.phase} {.status.reason}")
+		if out != "Failed DeadlineExceeded" {
+			return fmt.Errorf("not yet: %s", out)
+		}
+		return nil
+	})
+	if out := ctr(t, agent, "containers", "ls", "-q"); strings.Contains(out, k.pod("deadline").Metadata.UID) {
+		t.Errorf("containers of the pod past its deadline remain:\n%s", out)
+	}
+}
