@@ -320,6 +320,13 @@ func TestConcurrentReadsShareLeadershipChecks(t *testing.T) {
 		}
 	}
 	c.Net.Partition([]string{c.Config(leader).BindAddr}, others)
+	// A heartbeat answer the leader read just before the cut can still vote for a check that begins now:
+	// hashicorp/raft's VerifyLeader counts the votes of the heartbeats in flight when it is asked, and one
+	// answered before the cut is a true answer from a follower of this term. What the cut must guarantee is
+	// that no heartbeat sent after it confirms the old leader, so the reads come once the rounds in flight
+	// have ended (heartbeats go every 20-40 ms here; the 100 ms lease keeps the leader leading until then).
+	// Without this wait the test failed once in CI: one read served.
+	time.Sleep(20 * time.Millisecond)
 	var served sync.WaitGroup
 	var stale atomic.Int64
 	for i := 0; i < 50; i++ {
