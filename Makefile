@@ -15,9 +15,11 @@ setup:
 	@scripts/setup.sh
 
 # bin/skiff-pause is the pod sandbox's pause process; agents build their pause image from it.
+# bin/skiff-container-io is a container's stdio process; the agent runs one per container, from beside skiff.
 build:
 	$(GO) build -ldflags "-X github.com/skiff-dev/skiff/internal/version.Version=$(VERSION)" -o $(BIN) ./cmd/skiff
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/skiff-pause ./cmd/skiff-pause
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o bin/skiff-container-io ./cmd/skiff-container-io
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
@@ -107,7 +109,8 @@ DEB           := bin/skiff_$(DEB_VERSION)_amd64.deb
 release:
 	$(GO) build $(RELEASE_FLAGS) -o $(RELEASE_DIR)/skiff ./cmd/skiff
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(RELEASE_DIR)/skiff-pause ./cmd/skiff-pause
-	@ls -l $(RELEASE_DIR)/skiff $(RELEASE_DIR)/skiff-pause
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '-s -w' -o $(RELEASE_DIR)/skiff-container-io ./cmd/skiff-container-io
+	@ls -l $(RELEASE_DIR)/skiff $(RELEASE_DIR)/skiff-pause $(RELEASE_DIR)/skiff-container-io
 	@$(RELEASE_DIR)/skiff version
 
 # The Debian package of the release build: packaging/nfpm.yaml, built by nfpm, a tool of packaging/go.mod's

@@ -29,6 +29,7 @@ import (
 	utilexec "k8s.io/utils/exec"
 
 	"github.com/skiff-dev/skiff/nodeagent/containerio"
+	"github.com/skiff-dev/skiff/nodeagent/containerlogs"
 )
 
 // labelStdinOnce marks a container whose stdin closes after its first attach (stdinOnce).
@@ -206,7 +207,7 @@ func (e *endpoint) containerLogs(w http.ResponseWriter, r *http.Request) {
 		stdout = io.Discard
 	}
 	running := func() bool { return e.rt.taskRunning(r.Context(), id) }
-	if err := containerio.ReadLogs(r.Context(), path, opts, running, stdout, stderr); err != nil && r.Context().Err() == nil {
+	if err := containerlogs.ReadLogs(r.Context(), path, opts, running, stdout, stderr); err != nil && r.Context().Err() == nil {
 		e.logger.Debug("reading container logs", "pod", pod.Namespace+"/"+pod.Name, "container", name, "error", err)
 	}
 }
@@ -469,7 +470,7 @@ func (s streamRuntime) Attach(ctx context.Context, containerID string, in io.Rea
 	}
 	zero := int64(0)
 	running := func() bool { return r.taskRunning(ctx, containerID) }
-	err = containerio.ReadLogs(ctx, logPath, &logs.LogOptions{TailLines: &zero, Follow: true}, running, out, stderr)
+	err = containerlogs.ReadLogs(ctx, logPath, &logs.LogOptions{TailLines: &zero, Follow: true}, running, out, stderr)
 	if ctx.Err() != nil {
 		return nil
 	}

@@ -12,7 +12,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/cri-client/pkg/logs"
 
-	"github.com/skiff-dev/skiff/nodeagent/containerio"
+	"github.com/skiff-dev/skiff/nodeagent/containerlogs"
 )
 
 // Termination messages, as the kubelet writes them into a terminated container's status: what the container
@@ -84,7 +84,7 @@ func lastLogLines(path string) string {
 	opts := &logs.LogOptions{TailLines: &lines}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = containerio.ReadLogs(ctx, path, opts, func() bool { return false }, &buf, &buf)
+	_ = containerlogs.ReadLogs(ctx, path, opts, func() bool { return false }, &buf, &buf)
 	b := buf.Bytes()
 	if len(b) > terminationLogBytes {
 		b = b[len(b)-terminationLogBytes:]

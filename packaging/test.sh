@@ -54,7 +54,7 @@ echo "== dpkg-deb --info"
 dpkg-deb --info "$deb"
 echo "== dpkg-deb --contents"
 dpkg-deb --contents "$deb" | tee "$work/contents"
-for path in ./usr/bin/skiff ./usr/bin/skiff-pause ./lib/systemd/system/skiff-server.service \
+for path in ./usr/bin/skiff ./usr/bin/skiff-pause ./usr/bin/skiff-container-io ./lib/systemd/system/skiff-server.service \
 	./lib/systemd/system/skiff-agent.service ./etc/skiff/server.hcl ./etc/skiff/agent.hcl; do
 	grep -q " $path\$" "$work/contents" || fail "$path is not in the package"
 done

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // openTimeout bounds the wait for the shim to open the output FIFOs: the agent may have died, or NewTask
@@ -128,9 +127,9 @@ func signalReady() error {
 // the order in which the shim opens them is its business. It returns no streams, and no error, when SIGTERM
 // came first.
 func openStreams(dir string, tty bool, signals <-chan os.Signal, closeStdin func()) ([]*stream, error) {
-	names := []runtimeapi.LogStreamType{runtimeapi.Stdout}
+	names := []logStream{streamStdout}
 	if !tty {
-		names = append(names, runtimeapi.Stderr)
+		names = append(names, streamStderr)
 	}
 	type opened struct {
 		s   *stream

@@ -15,6 +15,8 @@ import (
 
 	"github.com/containerd/containerd/cio"
 	"k8s.io/cri-client/pkg/logs"
+
+	"github.com/skiff-dev/skiff/nodeagent/containerlogs"
 )
 
 // TestMain lets Start spawn the test binary itself as the stdio process.
@@ -58,7 +60,7 @@ func waitExited(t *testing.T, pid int) {
 }
 
 // openWriter opens a FIFO's write side as the shim does, once the stdio process reads it.
-func openWriter(t *testing.T, path string) *os.File {
+func openWriter(t testing.TB, path string) *os.File {
 	t.Helper()
 	var f *os.File
 	waitFor(t, 10*time.Second, "a reader of "+path, func() bool {
@@ -73,7 +75,7 @@ func openWriter(t *testing.T, path string) *os.File {
 	return f
 }
 
-func write(t *testing.T, f *os.File, s string) {
+func write(t testing.TB, f *os.File, s string) {
 	t.Helper()
 	if _, err := f.WriteString(s); err != nil {
 		t.Fatal(err)
@@ -133,7 +135,7 @@ func TestChild(t *testing.T) {
 				t.Fatalf("log %v, want %v", got, tc.wantLines)
 			}
 			var gotOut, gotErr bytes.Buffer
-			if err := ReadLogs(context.Background(), logPath, &logs.LogOptions{}, nil, &gotOut, &gotErr); err != nil {
+			if err := containerlogs.ReadLogs(context.Background(), logPath, &logs.LogOptions{}, nil, &gotOut, &gotErr); err != nil {
 				t.Fatal(err)
 			}
 			if gotOut.String() != tc.wantStdout || gotErr.String() != tc.wantStderr {

@@ -4,9 +4,11 @@
 // attach. Because the process runs in its own session, logs keep flowing and stdin stays open while the agent
 // restarts or is killed.
 //
-// The agent calls Start before creating a task and passes the returned cio.Creator to NewTask; the same binary
-// becomes the stdio process when RunChildIfAsked finds SKIFF_CONTAINER_IO in its environment. ReadLogs serves
-// `kubectl logs` from the file, following it across rotations.
+// The agent calls Start before creating a task and passes the returned cio.Creator to NewTask. The stdio process
+// is cmd/skiff-container-io, installed beside skiff, whose main is RunChildIfAsked; without it the running
+// binary becomes the stdio process the same way (RunChildIfAsked finds SKIFF_CONTAINER_IO in its environment).
+// The package links nothing of the CRI API, to keep that program small; package containerlogs reads the files
+// back for `kubectl logs`.
 //
 // Everything about one container lives in the directory given to Start: the FIFOs, spec.json, the process's
 // pid and its own error log (io.log). The package does not talk to containerd and does not decide where logs

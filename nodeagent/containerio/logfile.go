@@ -11,8 +11,21 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-	"k8s.io/cri-client/pkg/logs"
+)
+
+// The CRI log format's streams and tags (k8s.io/cri-api's LogStreamType and LogTag) and its timestamp layout
+// (cri-client's logs.RFC3339NanoFixed: always nine digits of nanoseconds), spelled out here so that the stdio
+// process, a binary of its own, links neither; TestCRILogFormatNames checks they agree.
+type logStream string
+
+type logTag string
+
+const (
+	streamStdout     logStream = "stdout"
+	streamStderr     logStream = "stderr"
+	tagFull          logTag    = "F"
+	tagPartial       logTag    = "P"
+	rfc3339NanoFixed           = "2006-01-02T15:04:05.000000000Z07:00"
 )
 
 // rotatedStamp names a rotated file, as the kubelet's container log manager does: <log>.<YYYYMMDD-HHMMSS>.
@@ -55,8 +68,8 @@ func (l *logFile) open() error {
 }
 
 // appendLine formats one CRI log line: "<timestamp> <stream> <tag> <content>\n". content holds no newline.
-func appendLine(b []byte, t time.Time, stream runtimeapi.LogStreamType, tag runtimeapi.LogTag, content []byte) []byte {
-	b = t.AppendFormat(b, logs.RFC3339NanoFixed)
+func appendLine(b []byte, t time.Time, stream logStream, tag logTag, content []byte) []byte {
+	b = t.AppendFormat(b, rfc3339NanoFixed)
 	b = append(b, ' ')
 	b = append(b, stream...)
 	b = append(b, ' ')
@@ -68,7 +81,7 @@ func appendLine(b []byte, t time.Time, stream runtimeapi.LogStreamType, tag runt
 
 // write appends one line, rotating first if the line would take the file past maxSize. A failure is logged,
 // not returned: the container must not block on a full disk, so its output is dropped instead.
-func (l *logFile) write(stream runtimeapi.LogStreamType, tag runtimeapi.LogTag, content []byte) {
+func (l *logFile) write(stream logStream, tag logTag, content []byte) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.line = appendLine(l.line[:0], time.Now().UTC(), stream, tag, content)

@@ -10,22 +10,24 @@ import (
 	"time"
 
 	"github.com/hashicorp/go-hclog"
+
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/cri-client/pkg/logs"
 )
 
 func TestAppendLine(t *testing.T) {
 	at := time.Date(2024, 1, 2, 3, 4, 5, 6000, time.UTC)
 	cases := []struct {
 		name    string
-		stream  runtimeapi.LogStreamType
-		tag     runtimeapi.LogTag
+		stream  logStream
+		tag     logTag
 		content string
 		want    string
 	}{
-		{"full stdout", runtimeapi.Stdout, runtimeapi.LogTagFull, "hello", "2024-01-02T03:04:05.000006000Z stdout F hello\n"},
-		{"full stderr", runtimeapi.Stderr, runtimeapi.LogTagFull, "oops", "2024-01-02T03:04:05.000006000Z stderr F oops\n"},
-		{"partial", runtimeapi.Stdout, runtimeapi.LogTagPartial, "$ ", "2024-01-02T03:04:05.000006000Z stdout P $ \n"},
-		{"empty line", runtimeapi.Stdout, runtimeapi.LogTagFull, "", "2024-01-02T03:04:05.000006000Z stdout F \n"},
+		{"full stdout", streamStdout, tagFull, "hello", "2024-01-02T03:04:05.000006000Z stdout F hello\n"},
+		{"full stderr", streamStderr, tagFull, "oops", "2024-01-02T03:04:05.000006000Z stderr F oops\n"},
+		{"partial", streamStdout, tagPartial, "$ ", "2024-01-02T03:04:05.000006000Z stdout P $ \n"},
+		{"empty line", streamStdout, tagFull, "", "2024-01-02T03:04:05.000006000Z stdout F \n"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -89,7 +91,7 @@ func TestRotationKeepsMaxFiles(t *testing.T) {
 	// Each line is 30 + len(" stdout F line-NN") + 1 = 48 bytes: three fit in 150.
 	l := testLogFile(t, Spec{MaxSize: 150, MaxFiles: maxFiles})
 	for i := range 40 {
-		l.write(runtimeapi.Stdout, runtimeapi.LogTagFull, fmt.Appendf(nil, "line-%02d", i))
+		l.write(streamStdout, tagFull, fmt.Appendf(nil, "line-%02d", i))
 	}
 	rotated, err := rotatedFiles(l.path)
 	if err != nil {
@@ -152,5 +154,14 @@ func TestRotatedFilesOrder(t *testing.T) {
 	}
 	if !slices.Equal(got, want) {
 		t.Fatalf("got %v, want %v", got, want)
+	}
+}
+
+// TestCRILogFormatNames checks logfile.go's spelled-out CRI names against the CRI API and cri-client's reader.
+func TestCRILogFormatNames(t *testing.T) {
+	if string(streamStdout) != string(runtimeapi.Stdout) || string(streamStderr) != string(runtimeapi.Stderr) ||
+		string(tagFull) != string(runtimeapi.LogTagFull) || string(tagPartial) != string(runtimeapi.LogTagPartial) ||
+		rfc3339NanoFixed != logs.RFC3339NanoFixed {
+		t.Fatal("containerio's CRI log names differ from k8s.io/cri-api's or cri-client's")
 	}
 }

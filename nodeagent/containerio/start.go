@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"github.com/containerd/containerd/cio"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // Spec says what the stdio process does with a container's streams.
@@ -39,7 +38,8 @@ const (
 	pidName   = "pid"
 	stdinName = "stdin"
 	logName   = "io.log" // the stdio process's own errors
-	// childArg0 names the process in ps; its argv[1] is the directory, which signalChild checks.
+	// childArg0 names the process in ps, and the helper binary; its argv[1] is the directory, which
+	// signalChild checks.
 	childArg0 = "skiff-container-io"
 	// readyTimeout bounds the child's start: it only reads a file and opens two.
 	readyTimeout = 10 * time.Second
@@ -76,9 +76,9 @@ func Start(dir string, spec Spec) (cio.Creator, error) {
 // prepare fills dir with the FIFOs and spec.json, replacing those of an earlier Start. It returns the FIFO
 // paths for the shim.
 func prepare(dir string, spec Spec) (cio.Config, error) {
-	cfg := cio.Config{Terminal: spec.Tty, Stdout: filepath.Join(dir, string(runtimeapi.Stdout))}
+	cfg := cio.Config{Terminal: spec.Tty, Stdout: filepath.Join(dir, string(streamStdout))}
 	if !spec.Tty {
-		cfg.Stderr = filepath.Join(dir, string(runtimeapi.Stderr))
+		cfg.Stderr = filepath.Join(dir, string(streamStderr))
 	}
 	if spec.Stdin {
 		cfg.Stdin = filepath.Join(dir, stdinName)
@@ -86,7 +86,7 @@ func prepare(dir string, spec Spec) (cio.Config, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return cfg, err
 	}
-	for _, name := range []string{stdinName, string(runtimeapi.Stdout), string(runtimeapi.Stderr), specName, pidName} {
+	for _, name := range []string{stdinName, string(streamStdout), string(streamStderr), specName, pidName} {
 		if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return cfg, err
 		}
@@ -112,7 +112,7 @@ func prepare(dir string, spec Spec) (cio.Config, error) {
 // spawn starts the stdio process in its own session, so that it survives the agent and the agent's process
 // group signals, writes its pid file, and waits until it holds stdin and the log file.
 func spawn(dir string) error {
-	exe, err := os.Executable()
+	exe, err := helperPath()
 	if err != nil {
 		return err
 	}
@@ -150,6 +150,32 @@ func spawn(dir string) error {
 		return fmt.Errorf("container io process (see %s): %w", filepath.Join(dir, logName), err)
 	}
 	return os.WriteFile(filepath.Join(dir, pidName), []byte(strconv.Itoa(cmd.Process.Pid)), 0o600)
+}
+
+// Helper, when set, is the program spawn runs as the stdio process (tests set it).
+var Helper string
+
+// helperPath is the stdio process's program: Helper; else skiff-container-io beside the running binary (make
+// build and the package put it there), a small program of its own; else the running binary, which becomes
+// the stdio process in RunChildIfAsked (a test binary, or a skiff built without its helper).
+func helperPath() (string, error) {
+	if Helper != "" {
+		return Helper, nil
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	return besideOrSelf(exe), nil
+}
+
+// besideOrSelf is the executable skiff-container-io in exe's directory, or exe.
+func besideOrSelf(exe string) string {
+	beside := filepath.Join(filepath.Dir(exe), childArg0)
+	if st, err := os.Stat(beside); err == nil && st.Mode().IsRegular() && st.Mode()&0o111 != 0 {
+		return beside
+	}
+	return exe
 }
 
 func waitReady(r *os.File) error {

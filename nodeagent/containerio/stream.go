@@ -7,8 +7,6 @@ import (
 	"os"
 	"sync/atomic"
 	"time"
-
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 const (
@@ -23,7 +21,7 @@ const (
 
 // stream is one output of the container: the read side of its FIFO.
 type stream struct {
-	name     runtimeapi.LogStreamType
+	name     logStream
 	r        *os.File // must support read deadlines, as a FIFO or pipe opened through package os does
 	stopping atomic.Bool
 }
@@ -60,7 +58,7 @@ func (s *stream) copyTo(out *logFile) error {
 		}
 		if err != nil && len(pending) > 0 {
 			// A prompt waiting for input, or all there will be.
-			out.write(s.name, runtimeapi.LogTagPartial, pending)
+			out.write(s.name, tagPartial, pending)
 			pending = pending[:0]
 		}
 		switch {
@@ -75,14 +73,14 @@ func (s *stream) copyTo(out *logFile) error {
 
 // writeLines writes the complete lines at the start of b as full lines, and cuts content longer than maxLine
 // into partial lines. It returns the rest, an unfinished line, moved to the start of b.
-func writeLines(b []byte, stream runtimeapi.LogStreamType, out *logFile) []byte {
+func writeLines(b []byte, stream logStream, out *logFile) []byte {
 	rest := b
 	for {
 		if i := bytes.IndexByte(rest, '\n'); i >= 0 && i <= maxLine {
-			out.write(stream, runtimeapi.LogTagFull, rest[:i])
+			out.write(stream, tagFull, rest[:i])
 			rest = rest[i+1:]
 		} else if len(rest) >= maxLine {
-			out.write(stream, runtimeapi.LogTagPartial, rest[:maxLine])
+			out.write(stream, tagPartial, rest[:maxLine])
 			rest = rest[maxLine:]
 		} else {
 			break

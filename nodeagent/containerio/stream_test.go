@@ -8,12 +8,10 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // pipeStream is a stream fed through a pipe, as a FIFO from the shim would be, copying into out.
-func pipeStream(t *testing.T, name runtimeapi.LogStreamType, out *logFile) (w *os.File, done <-chan error) {
+func pipeStream(t *testing.T, name logStream, out *logFile) (w *os.File, done <-chan error) {
 	t.Helper()
 	r, w, err := os.Pipe()
 	if err != nil {
@@ -25,7 +23,7 @@ func pipeStream(t *testing.T, name runtimeapi.LogStreamType, out *logFile) (w *o
 	return w, errc
 }
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -40,18 +38,18 @@ func TestCopyStreamLines(t *testing.T) {
 	long := strings.Repeat("x", maxLine)
 	cases := []struct {
 		name   string
-		stream runtimeapi.LogStreamType
+		stream logStream
 		writes []string
 		want   []logLine
 	}{
-		{"full lines", runtimeapi.Stdout, []string{"a\nb\n\n"},
+		{"full lines", streamStdout, []string{"a\nb\n\n"},
 			[]logLine{{"stdout", "F", "a"}, {"stdout", "F", "b"}, {"stdout", "F", ""}}},
-		{"stderr", runtimeapi.Stderr, []string{"oops\n"}, []logLine{{"stderr", "F", "oops"}}},
-		{"end without newline", runtimeapi.Stdout, []string{"a\ntail"},
+		{"stderr", streamStderr, []string{"oops\n"}, []logLine{{"stderr", "F", "oops"}}},
+		{"end without newline", streamStdout, []string{"a\ntail"},
 			[]logLine{{"stdout", "F", "a"}, {"stdout", "P", "tail"}}},
-		{"long line is cut", runtimeapi.Stdout, []string{long + "yz\n"},
+		{"long line is cut", streamStdout, []string{long + "yz\n"},
 			[]logLine{{"stdout", "P", long}, {"stdout", "F", "yz"}}},
-		{"line of exactly the maximum", runtimeapi.Stdout, []string{long + "\n"}, []logLine{{"stdout", "F", long}}},
+		{"line of exactly the maximum", streamStdout, []string{long + "\n"}, []logLine{{"stdout", "F", long}}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -76,7 +74,7 @@ func TestCopyStreamLines(t *testing.T) {
 // A prompt never gets its newline until someone answers it: it must be in the file at once, as a partial line.
 func TestCopyStreamPromptIsPrompt(t *testing.T) {
 	out := testLogFile(t, Spec{})
-	w, done := pipeStream(t, runtimeapi.Stdout, out)
+	w, done := pipeStream(t, streamStdout, out)
 	start := time.Now()
 	if _, err := w.WriteString("login: "); err != nil {
 		t.Fatal(err)
@@ -107,7 +105,7 @@ func TestCopyStreamsDoNotInterleave(t *testing.T) {
 	const n = 500
 	var wg sync.WaitGroup
 	var dones []<-chan error
-	for _, name := range []runtimeapi.LogStreamType{runtimeapi.Stdout, runtimeapi.Stderr} {
+	for _, name := range []logStream{streamStdout, streamStderr} {
 		w, done := pipeStream(t, name, out)
 		dones = append(dones, done)
 		wg.Go(func() {

@@ -1,4 +1,7 @@
-package containerio
+// Package containerlogs serves a container's CRI log file as the kubelet serves `kubectl logs`: tail, since,
+// timestamps and follow across rotations, with cri-client's reader. It is apart from containerio, which writes
+// those files, so that the stdio process (a small binary of its own) links none of the CRI client.
+package containerlogs
 
 import (
 	"context"
