@@ -53,7 +53,12 @@ $GO run ./conformance/images -out "$dir/images" -agnhost "$bin/agnhost" -sample-
 
 cluster=$dir/cluster
 "$root/bin/skiff" local down --dir "$cluster" >/dev/null 2>&1 || true
+# The suite's temporary files (kubectl's kuberc directories and the like, which it leaves behind) go to a
+# directory of the run's own, removed at the end, not to the machine's /tmp.
+suite_tmp=$dir/tmp
+rm -rf "$suite_tmp" && mkdir -p "$suite_tmp"
 cleanup() {
+	rm -rf "$suite_tmp"
 	if [ "${CONFORMANCE_KEEP:-}" = 1 ]; then
 		log "the cluster stays up: KUBECONFIG=$cluster/kubeconfig; bin/skiff local down --dir $cluster removes it"
 	else
@@ -79,7 +84,7 @@ run() { # run NAME LABEL-FILTER GINKGO-FLAGS...
 	log "running the $name part"
 	local args=(--no-color --timeout="$timeout" --label-filter="$filter" --focus="$focus" "$@")
 	[ -n "$skip" ] && args+=(--skip="$skip")
-	"$bin/ginkgo" "${args[@]}" "$bin/e2e.test" -- "${e2e_args[@]}" --report-dir="$results/$name" || true
+	TMPDIR=$suite_tmp "$bin/ginkgo" "${args[@]}" "$bin/e2e.test" -- "${e2e_args[@]}" --report-dir="$results/$name" || true
 }
 start=$(date +%s)
 {
