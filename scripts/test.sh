@@ -9,13 +9,15 @@
 # TEST_LANES=2 runs the two lanes at once, their lines prefixed [unit] and [process]: faster, but in its trial
 # run the contention on two cores failed timing-sensitive checks (a 3-server benchmark cluster with production
 # Raft timeouts lost its leader mid-write; a TTL deletion missed its 30 s), so CI runs them in turn.
-# E2E_PARALLEL sets how many e2e tests run at once.
+# E2E_PARALLEL sets how many e2e tests run at once (default 1): with 3, e2e took 715 s instead of 1,117 s and
+# passed once, but the next run failed two tests whose `skiff local` leaders, with production Raft timeouts
+# (250 ms lease), lost leadership mid-write under the load of three clusters on two cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 export SKIFF_BIN=$PWD/bin/skiff
 TEST_LANES=${TEST_LANES:-1}
-E2E_PARALLEL=${E2E_PARALLEL:-3}
+E2E_PARALLEL=${E2E_PARALLEL:-1}
 
 # go vet runs once, in the lint phase; `go test` need not run its subset of it again in every package.
 gotest=("$GO" test -count=1 -vet=off)
@@ -43,7 +45,7 @@ unit_lane() {
 }
 
 process_lane() {
-	# e2e/parallel_test.go says which tests may run side by side.
+	# e2e/parallel_test.go says which tests may run side by side (E2E_PARALLEL above).
 	phase e2e "${gotest[@]}" -parallel "$E2E_PARALLEL" -timeout 30m ./e2e/... || return
 	# The chaos suite's smoke: four rounds, four kinds of fault.
 	phase chaos-smoke "${gotest[@]}" -run '^TestChaos$' -timeout 15m ./chaos/ -args -chaos.rounds=4 \
