@@ -1,6 +1,9 @@
 package raftnode
 
-import "github.com/hashicorp/raft"
+import (
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
 
 // Test-only access to the hashicorp/raft instance behind a Node, for the regression tests of upstream raft
 // issues (upstream_test.go), which need to play a single RPC or read the raw Raft log.
@@ -35,3 +38,8 @@ func (n *Node) LogBoundsForTest() (first, last uint64, err error) {
 // RefuseSnapshotPastForTest makes the peer answer the SnapshotPast RPC with ErrNotLeader, as a leader deposed
 // before it could answer does.
 func (n *Node) RefuseSnapshotPastForTest(refuse bool) { n.refuseSnapshotPast.Store(refuse) }
+
+// LostWritesForTest returns how many writes in flight at a loss of leadership ended with this outcome.
+func (n *Node) LostWritesForTest(outcome string) float64 {
+	return testutil.ToFloat64(n.metrics.lostWrites.WithLabelValues(outcome))
+}

@@ -11,6 +11,8 @@ type metrics struct {
 	applyLatency prometheus.Histogram
 	fsmBatch     prometheus.Histogram
 	fsmEntries   prometheus.Counter
+	// lostWrites counts the writes in flight when this peer lost its leadership, by what was learned of them.
+	lostWrites *prometheus.CounterVec
 }
 
 func newMetrics() *metrics {
@@ -29,6 +31,11 @@ func newMetrics() *metrics {
 			Name: "skiff_fsm_applied_entries_total",
 			Help: "Log entries applied to the store.",
 		}),
+		lostWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "skiff_raft_lost_leadership_writes_total",
+			Help: "Writes in flight when this peer lost its leadership, by outcome: committed (answered with " +
+				"the result), not_committed (proposed again to the next leader), unknown (answered 504).",
+		}, []string{"outcome"}),
 	}
 }
 
@@ -59,6 +66,7 @@ func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.metrics.applyLatency.Describe(ch)
 	c.metrics.fsmBatch.Describe(ch)
 	c.metrics.fsmEntries.Describe(ch)
+	c.metrics.lostWrites.Describe(ch)
 }
 
 func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
@@ -80,4 +88,5 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	c.metrics.applyLatency.Collect(ch)
 	c.metrics.fsmBatch.Collect(ch)
 	c.metrics.fsmEntries.Collect(ch)
+	c.metrics.lostWrites.Collect(ch)
 }

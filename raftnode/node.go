@@ -136,6 +136,9 @@ type Node struct {
 	snapshotPastMu       sync.Mutex    // #697: one snapshotPast at a time on the leader
 	refuseSnapshotPast   atomic.Bool   // #697, tests only: the SnapshotPast RPC fails, as from a deposed leader
 
+	// Writes in flight when this peer lost its leadership, waiting to learn whether they committed (outcome.go).
+	outcomes outcomeWaiters
+
 	removed     chan struct{}
 	removedOnce sync.Once
 	shutdown    chan struct{}
@@ -384,7 +387,14 @@ func (n *Node) applyLocal(ctx context.Context, data []byte) (fsm.Result, error) 
 			return fsm.Result{}, fmt.Errorf("%w (this server shut down while the write was in flight)", ErrUnknownOutcome)
 		case errors.Is(err, raft.ErrEnqueueTimeout):
 			return fsm.Result{}, ErrNoLeader
-		default: // ErrLeadershipLost and anything else: the entry may or may not commit.
+		case errors.Is(err, raft.ErrLeadershipLost):
+			// The entry may or may not commit; a leader's commit index tells which.
+			res, err := n.learnOutcome(ctx, f.Index(), data, err)
+			if errors.Is(err, errNotCommitted) {
+				return res, ErrNotLeader // proposed again to the next leader
+			}
+			return res, err
+		default: // anything else: the entry may or may not commit.
 			return fsm.Result{}, fmt.Errorf("%w (%v)", ErrUnknownOutcome, err)
 		}
 	}
@@ -715,11 +725,13 @@ func (f *raftFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		}
 		entries = append(entries, e)
 	}
-	for i, res := range f.n.store.ApplyBatch(entries) {
+	results := f.n.store.ApplyBatch(entries)
+	for i, res := range results {
 		if logs[i].Type == raft.LogCommand {
 			out[i] = res
 		}
 	}
+	f.n.outcomes.deliver(entries, results)
 	f.n.metrics.observeFSMBatch(time.Since(start), len(entries))
 	return out
 }
