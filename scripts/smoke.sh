@@ -16,13 +16,13 @@ bench            Write                                      300x
 bench            Failover                                   2x
 bench            API                                        200x  -api.list-pods=300 -api.watchers=30
 bench            Admission                                  200x
-bench            CRDs                                       200x  -crd.count=20
+bench            CRDs                                       200x  -crd.count=5
 bench            Scheduler                                  1x    -sched.nodes=200 -sched.pods=300 -sched.affinity-pods=100
 scheduler        CacheMemory                                1x    -mem.nodes=500 -mem.pods=5000
 bench            PodStartup                                 1x    -startup.pods=5
 bench            Workloads                                  1x    -workloads.job-completions=50 -workloads.statefulset-replicas=10 -workloads.nodes=5
-bench            NodeDetection                              1x    -detect.trials=2 -detect.nodes=50
-gossip           GossipConvergence                          2x    -gossip.members=10
+bench            NodeDetection                              1x    -detect.trials=1 -detect.nodes=50
+gossip           GossipConvergence                          1x    -gossip.members=10
 nodeagent/proxy  BuildRules|Sync|RestoreOnly                1x    -proxy.services=100
 bench            NetworkProgramming|ClusterDNS              1x    -netprog.pods=6 -dns.queries=2000
 bench            ^Benchmark(Exec|LogsFollow|PortForward)$   1x    -exec.runs=5 -logs.seconds=2 -pf.mib=16 -pf.runs=1

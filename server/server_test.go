@@ -79,9 +79,10 @@ func newPeers(t testing.TB, n, expect int) []*testPeer {
 			Ports: &config.PortsBlock{API: ptr(freePort(t, ip)), Raft: ptr(freePort(t, ip)), Gossip: ptr(freePort(t, ip))},
 			Server: &config.ServerBlock{
 				BootstrapExpect: &expect, RetryInterval: ptr("100ms"), Token: &token, ServerStabilizationTime: ptr("1s"),
-				// Fast, but not so fast that a leader starved of CPU (the race detector, other test packages on
-				// two cores) loses its lease and the peers churn through elections while the APIs start.
-				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms")},
+				// hashicorp/raft's defaults, twice the production ones: four race-detector test packages at a
+				// time on two cores (make test) starve leaders of CPU past a 250 ms lease, and the peers churned
+				// through elections (an autopilot promotion never saw 1 s of one leader's rule).
+				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("1s"), ElectionTimeout: ptr("1s"), LeaderLeaseTimeout: ptr("500ms")},
 			},
 		}
 		joins = append(joins, fmt.Sprintf("%s:%d", ip, *f.Ports.Gossip))

@@ -59,9 +59,10 @@ func StartWith(t testing.TB, n int, mutate func(*config.ServerFile)) []*Peer {
 			Ports: &config.PortsBlock{API: ptr(freePort(t, ip)), Raft: ptr(freePort(t, ip)), Gossip: &gossip},
 			Server: &config.ServerBlock{
 				BootstrapExpect: &n, RetryInterval: ptr("100ms"), Token: &token,
-				// Fast, but not so fast that a leader starved of CPU (the race detector, other test packages on
-				// two cores) loses its lease and the peers churn through elections while the APIs start.
-				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("500ms"), ElectionTimeout: ptr("500ms"), LeaderLeaseTimeout: ptr("250ms")},
+				// hashicorp/raft's defaults, twice the production ones: four race-detector test packages at a
+				// time on two cores (make test) starve leaders of CPU past a 250 ms lease, and the peers churned
+				// through elections (an autopilot promotion never saw 1 s of one leader's rule).
+				Raft: &config.RaftBlock{HeartbeatTimeout: ptr("1s"), ElectionTimeout: ptr("1s"), LeaderLeaseTimeout: ptr("500ms")},
 			},
 		}
 		if mutate != nil {
