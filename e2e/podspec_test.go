@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -52,12 +53,38 @@ spec:
   - name: app
     image: %[1]s
     command: ["sleep", "3600"]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: shared-pid}
+spec:
+  terminationGracePeriodSeconds: 1
+  shareProcessNamespace: true
+  containers:
+  - name: app
+    image: %[1]s
+    command: ["sleep", "3601"]
+  - name: viewer
+    image: %[1]s
+    command: ["sleep", "3602"]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: host-pid-ipc}
+spec:
+  terminationGracePeriodSeconds: 1
+  hostPID: true
+  hostIPC: true
+  containers:
+  - name: app
+    image: %[1]s
+    command: ["sleep", "3603"]
 `
 
 // TestRealPodSpecNodeRules runs, on containerd, what the node decides of a pod spec (docs/operations.md):
 // safe sysctls set in the pod's namespaces (seen by its containers); an unsafe one refused by the node with
 // SysctlForbidden and nothing started; a sidecar restarted when its liveness probe fails; and a pod past its
-// activeDeadlineSeconds killed and Failed with DeadlineExceeded.
+// activeDeadlineSeconds killed and Failed with DeadlineExceeded; hostPID, hostIPC and shareProcessNamespace.
 func TestRealPodSpecNodeRules(t *testing.T) {
 	parallelOnHostNetwork(t)
 	requireRealRuntime(t)
@@ -96,6 +123,39 @@ func TestRealPodSpecNodeRules(t *testing.T) {
 	}
 	if got := strings.Join(strings.Fields(k.ok("exec", "side", "-c", "app", "--", "cat", "/proc/sys/net/ipv4/ip_local_port_range")), " "); got != "20000 30000" {
 		t.Errorf("net.ipv4.ip_local_port_range in the app container = %q, want 20000 30000", got)
+	}
+
+	// Process and IPC namespaces: a container of its own by default (its command is PID 1); the sandbox's, with
+	// the pause process as PID 1 and the other container's processes in sight, with shareProcessNamespace;
+	// the node's with hostPID and hostIPC.
+	if got := strings.TrimSpace(k.ok("exec", "side", "-c", "app", "--", "cat", "/proc/1/cmdline")); !strings.HasPrefix(got, "sleep") {
+		t.Errorf("PID 1 of a container of its own: %q, want its sleep", got)
+	}
+	for _, pod := range []string{"shared-pid", "host-pid-ipc"} {
+		proctest.WaitFor(t, pod+" Running", 120*time.Second, func() error {
+			if out := k.ok("get", "pod", pod, "-o", "jsonpath={.status.phase}"); out != "Running" {
+				return fmt.Errorf("not yet: %s", out)
+			}
+			return nil
+		})
+	}
+	if got := k.ok("exec", "shared-pid", "-c", "viewer", "--", "cat", "/proc/1/cmdline"); !strings.Contains(got, "pause") {
+		t.Errorf("PID 1 with shareProcessNamespace: %q, want the pause process", got)
+	}
+	if got := k.ok("exec", "shared-pid", "-c", "viewer", "--", "ps"); !strings.Contains(got, "sleep 3601") || !strings.Contains(got, "sleep 3602") {
+		t.Errorf("with shareProcessNamespace the viewer sees:\n%s\nwant both containers' sleeps", got)
+	}
+	for _, ns := range []string{"pid", "ipc"} {
+		host, err := os.Readlink("/proc/self/ns/" + ns)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.TrimSpace(k.ok("exec", "host-pid-ipc", "--", "readlink", "/proc/self/ns/"+ns)); got != host {
+			t.Errorf("%s namespace of a hostPID, hostIPC pod: %s, want the node's %s", ns, got, host)
+		}
+		if got := strings.TrimSpace(k.ok("exec", "side", "-c", "app", "--", "readlink", "/proc/self/ns/"+ns)); got == host {
+			t.Errorf("%s namespace of a pod without hostPID/hostIPC is the node's", ns)
+		}
 	}
 
 	// An unsafe sysctl: refused by the node, nothing started.

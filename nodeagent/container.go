@@ -381,16 +381,33 @@ func (r *containerdRuntime) specOpts(pod *corev1.Pod, c *corev1.Container, img c
 			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: sb.netns}),
 			oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.UTSNamespace, Path: sb.nsPath("uts")}))
 	}
-	opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.IPCNamespace, Path: sb.nsPath("ipc")}))
-	if sb.pidNS != "" { // an ephemeral container joins its target's processes (ephemeral.go)
-		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.PIDNamespace, Path: sb.pidNS}))
+	if pod.Spec.HostIPC {
+		opts = append(opts, oci.WithHostNamespace(specs.IPCNamespace))
+	} else {
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.IPCNamespace, Path: sb.nsPath("ipc")}))
 	}
+	opts = append(opts, pidNamespace(pod, sb)...)
 	opts = append(opts, resourceOpts(c)...)
 	sec, err := securityOpts(pod, c)
 	if err != nil {
 		return nil, err
 	}
 	return append(opts, sec...), nil
+}
+
+// pidNamespace is the PID namespace of a container: the node's for a hostPID pod; its target's for an
+// ephemeral container that names one (ephemeral.go); the sandbox's, where the pause process is PID 1 and reaps
+// orphans, for a pod that shares its process namespace; otherwise one of its own (no option: runc makes it).
+func pidNamespace(pod *corev1.Pod, sb *sandbox) []oci.SpecOpts {
+	switch {
+	case pod.Spec.HostPID:
+		return []oci.SpecOpts{oci.WithHostNamespace(specs.PIDNamespace)}
+	case sb.pidNS != "":
+		return []oci.SpecOpts{oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.PIDNamespace, Path: sb.pidNS})}
+	case pod.Spec.ShareProcessNamespace != nil && *pod.Spec.ShareProcessNamespace:
+		return []oci.SpecOpts{oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.PIDNamespace, Path: sb.nsPath("pid")})}
+	}
+	return nil
 }
 
 // cgroupResources is what resourceOpts applies of a container's resources: its cpu and memory requests and

@@ -38,7 +38,8 @@ type sandbox struct {
 func (s *sandbox) nsPath(kind string) string { return fmt.Sprintf("/proc/%d/ns/%s", s.pid, kind) }
 
 // createSandbox starts a pod's pause container and network:
-//  1. create and start the pause container in new network, IPC and UTS namespaces (host network for hostNetwork pods);
+//  1. create and start the pause container in new network, IPC, UTS and PID namespaces (the node's for hostNetwork,
+//     hostIPC and hostPID pods);
 //  2. pin its network namespace under /run/netns, so that CNI DEL works even after the pause process is gone;
 //  3. make sure of the node's masquerade chain (proxy/masquerade.go), then CNI ADD for the pod IP, recorded on the
 //     container so an agent restart finds it;
@@ -56,6 +57,14 @@ func (r *containerdRuntime) createSandbox(ctx context.Context, pod *corev1.Pod) 
 		opts = append(opts, oci.WithHostNamespace(specs.NetworkNamespace), oci.WithHostNamespace(specs.UTSNamespace))
 	} else {
 		opts = append(opts, oci.WithHostname(hostname))
+	}
+	// hostIPC and hostPID put the pause process, and so the pod's containers, in the node's IPC and PID
+	// namespaces, as containerd's CRI plugin does.
+	if pod.Spec.HostIPC {
+		opts = append(opts, oci.WithHostNamespace(specs.IPCNamespace))
+	}
+	if pod.Spec.HostPID {
+		opts = append(opts, oci.WithHostNamespace(specs.PIDNamespace))
 	}
 	// The pod's sysctls go where containerd's CRI plugin puts them: on the sandbox, whose network and IPC
 	// namespaces the pod's containers join. Admission (admit.go) let only namespaced, safe ones through.
