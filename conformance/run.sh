@@ -54,8 +54,8 @@ else
 	CGO_ENABLED=0 $GO build -trimpath -ldflags '-s -w' -o "$cache/agnhost" k8s.io/kubernetes/test/images/agnhost
 	CGO_ENABLED=0 $GO build -trimpath -ldflags "-s -w $stamp" -o "$cache/sample-apiserver" k8s.io/sample-apiserver
 	touch "$cache/complete"
-	# Older keys' builds are of no further use.
-	find "$(dirname "$cache")" -mindepth 1 -maxdepth 1 -not -name "$key" -exec rm -rf {} +
+	# Other keys' builds are of no further use once they are old (a recent one may be another checkout's, in use).
+	find "$(dirname "$cache")" -mindepth 1 -maxdepth 1 -not -name "$key" -mmin +120 -exec rm -rf {} +
 fi
 for p in "${programs[@]}"; do
 	cp "$cache/$p" "$bin/$p"

@@ -3,20 +3,23 @@
 # process-level tests against the built binary, and a short smoke of the chaos, conformance and benchmark
 # suites. It ends with each phase's wall time (docs/BENCHMARKS.md, "The test suite").
 #
-# After the build, the lint and the Raft package come the unit lane (the in-process tests under the race
-# detector, UNIT_PARALLEL packages at a time, default 3: they wait on timers more than they compute, two at a
-# time used 123% of the two cores; then the chaos and benchmark smokes) and the e2e lane (the conformance smoke,
-# then the e2e tests on real clusters and containers, E2E_PARALLEL at a time, default 2; e2e/parallel_test.go
-# says which may share the machine), one after the other. TEST_LANES=2 runs the two lanes side by side, their
-# lines prefixed [unit] and [e2e]: on two cores that overloads the machine (a load of 13 with UNIT_PARALLEL=4),
-# and in-process clusters missed their bounds (RBAC bootstrap over 60 s, garbage collector rounds).
+# After the build, the lint and the Raft package come the unit tests (in-process, under the race detector,
+# UNIT_PARALLEL packages at a time, default 3: they wait on timers more than they compute, two at a time used
+# 123% of the two cores), on their own: CPU-bound, they starve whatever runs beside them. Then two lanes side
+# by side, their lines prefixed: [e2e] the e2e tests (real clusters and containers, E2E_PARALLEL at a time,
+# default 3; e2e/parallel_test.go says which may share the machine), and [smokes] the conformance and chaos
+# smokes (`skiff local` clusters, each in network namespaces of its own); these mostly wait on elections, pods
+# and failovers (two e2e tests at a time kept the load under 2). Last, alone, the benchmark smoke, whose real
+# agents use this machine's own network namespace as some e2e tests do. TEST_LANES=1 runs every phase in turn.
+# (With the unit tests beside the e2e tests, 4 packages at a time, the load reached 13 and in-process clusters
+# missed their bounds: RBAC bootstrap over 60 s.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 export SKIFF_BIN=$PWD/bin/skiff
-TEST_LANES=${TEST_LANES:-1}
+TEST_LANES=${TEST_LANES:-2}
 UNIT_PARALLEL=${UNIT_PARALLEL:-3}
-E2E_PARALLEL=${E2E_PARALLEL:-2}
+E2E_PARALLEL=${E2E_PARALLEL:-3}
 
 # go vet runs once, in the lint phase; `go test` need not run its subset of it again in every package.
 gotest=("$GO" test -count=1 -vet=off)
@@ -32,7 +35,7 @@ phase() {
 	return $rc
 }
 
-unit_lane() {
+unit() {
 	# Every package but the Raft one (run before), the process-level e2e tests and the benchmarks; the chaos
 	# package's long suites have their own phase and `make chaos`. The longest packages go first, so that the
 	# last to finish is a short one.
@@ -44,17 +47,19 @@ unit_lane() {
 		pkgs=$(grep -v -x "$mod/$p" <<<"$pkgs")
 	done
 	# shellcheck disable=SC2086 # one package a word
-	phase unit "${gotest[@]}" -race -p "$UNIT_PARALLEL" -timeout 20m -skip '^(TestChaos|TestFaults)$' "${first[@]}" $pkgs || return
-	# The chaos suite's smoke: four rounds, four kinds of fault.
-	phase chaos-smoke "${gotest[@]}" -run '^TestChaos$' -timeout 15m ./chaos/ -args -chaos.rounds=4 \
-		-chaos.plan=kill-leader,partition-leader,pause-leader,rolling-restart || return
-	phase bench-smoke scripts/smoke.sh
+	phase unit "${gotest[@]}" -race -p "$UNIT_PARALLEL" -timeout 20m -skip '^(TestChaos|TestFaults)$' "${first[@]}" $pkgs
 }
 
-e2e_lane() {
+e2e() {
+	phase e2e "${gotest[@]}" -parallel "$E2E_PARALLEL" -timeout 30m ./e2e/...
+}
+
+smokes() {
 	# conformance/smoke.txt's tests, as `make conformance-smoke` (without its build: bin/skiff is in use).
 	phase conformance-smoke env CONFORMANCE_TESTS=conformance/smoke.txt CONFORMANCE_TIMEOUT=15m conformance/run.sh || return
-	phase e2e "${gotest[@]}" -parallel "$E2E_PARALLEL" -timeout 30m ./e2e/...
+	# The chaos suite's smoke: four rounds, four kinds of fault.
+	phase chaos-smoke "${gotest[@]}" -run '^TestChaos$' -timeout 15m ./chaos/ -args -chaos.rounds=4 \
+		-chaos.plan=kill-leader,partition-leader,pause-leader,rolling-restart
 }
 
 # lane runs a lane in the background with its lines prefixed by its name.
@@ -72,15 +77,21 @@ rc=0
 		# competing for the two cores under the race detector made lapse.
 		phase raftnode "${gotest[@]}" -race -timeout 15m -skip '^(TestChaos|TestFaults)$' ./raftnode/...
 } || rc=1
+if [ $rc = 0 ]; then
+	unit || rc=1
+fi
 if [ $rc = 0 ] && [ "$TEST_LANES" = 1 ]; then
-	unit_lane && e2e_lane || rc=1
+	smokes && e2e || rc=1
 elif [ $rc = 0 ]; then
-	lane unit unit_lane
-	unit=$!
-	lane e2e e2e_lane
-	e2e=$!
-	wait $unit || rc=1
-	wait $e2e || rc=1
+	lane e2e e2e
+	e2e_pid=$!
+	lane smokes smokes
+	smokes_pid=$!
+	wait $e2e_pid || rc=1
+	wait $smokes_pid || rc=1
+fi
+if [ $rc = 0 ]; then
+	phase bench-smoke scripts/smoke.sh || rc=1
 fi
 echo "=== make test: phase wall times"
 cat "$times"
