@@ -7,12 +7,12 @@
 # UNIT_PARALLEL packages at a time, default 3: they wait on timers more than they compute, two at a time used
 # 123% of the two cores), on their own: CPU-bound, they starve whatever runs beside them. Then two lanes side
 # by side, their lines prefixed: [e2e] the e2e tests (real clusters and containers, E2E_PARALLEL at a time,
-# default 3; e2e/parallel_test.go says which may share the machine), and [smokes] the conformance and chaos
-# smokes (`skiff local` clusters, each in network namespaces of its own); these mostly wait on elections, pods
-# and failovers (two e2e tests at a time kept the load under 2). Last, alone, the benchmark smoke, whose real
-# agents use this machine's own network namespace as some e2e tests do. TEST_LANES=1 runs every phase in turn.
-# (With the unit tests beside the e2e tests, 4 packages at a time, the load reached 13 and in-process clusters
-# missed their bounds: RBAC bootstrap over 60 s.)
+# default 3; e2e/parallel_test.go says which may share the machine), and [smokes] the conformance, chaos and
+# benchmark smokes (`skiff local` clusters, each in network namespaces of their own, and server processes on
+# loopback ports); these mostly wait on elections, pods and failovers. The one benchmark whose real agent uses
+# this machine's own network namespace takes turns with the e2e tests that do (internal/hostnetlock).
+# TEST_LANES=1 runs every phase in turn. (With the unit tests beside the e2e tests, 4 packages at a time, the
+# load reached 13 and in-process clusters missed their bounds: RBAC bootstrap over 60 s.)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -39,7 +39,7 @@ unit() {
 	# Every package but the Raft one (run before), the process-level e2e tests and the benchmarks; the chaos
 	# package's long suites have their own phase and `make chaos`. The longest packages go first, so that the
 	# last to finish is a short one.
-	local pkgs mod p first=() longest=(controller apiserver server nodeagent chaos apiserver/raftstore apiserver/auth)
+	local pkgs mod p first=() longest=(server controller apiserver nodeagent chaos apiserver/raftstore apiserver/auth)
 	pkgs=$($GO list ./... | grep -v -E '/(raftnode|e2e|bench)(/|$)')
 	mod=$($GO list -m)
 	for p in "${longest[@]}"; do
@@ -59,7 +59,8 @@ smokes() {
 	phase conformance-smoke env CONFORMANCE_TESTS=conformance/smoke.txt CONFORMANCE_TIMEOUT=15m conformance/run.sh || return
 	# The chaos suite's smoke: four rounds, four kinds of fault.
 	phase chaos-smoke "${gotest[@]}" -run '^TestChaos$' -timeout 15m ./chaos/ -args -chaos.rounds=4 \
-		-chaos.plan=kill-leader,partition-leader,pause-leader,rolling-restart
+		-chaos.plan=kill-leader,partition-leader,pause-leader,rolling-restart || return
+	phase bench-smoke scripts/smoke.sh
 }
 
 # lane runs a lane in the background with its lines prefixed by its name.
@@ -89,9 +90,6 @@ elif [ $rc = 0 ]; then
 	smokes_pid=$!
 	wait $e2e_pid || rc=1
 	wait $smokes_pid || rc=1
-fi
-if [ $rc = 0 ]; then
-	phase bench-smoke scripts/smoke.sh || rc=1
 fi
 echo "=== make test: phase wall times"
 cat "$times"
