@@ -63,6 +63,7 @@ func invalidAt(t *testing.T, what string, err error, field string) {
 // manualSelector, the controller-uid selector and template labels, the pod template's defaults; a status
 // sent with the create is dropped.
 func TestJobDefaults(t *testing.T) {
+	t.Parallel()
 	c := servertest.Start(t, 1)[0].Client
 	ctx := context.Background()
 	sent := batchJob("defaults", func(j *batchv1.Job) {
@@ -133,6 +134,7 @@ var nfsVolume = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource
 // Kubernetes' Job and CronJob validation, with its field paths, in 422 answers; then Skiff's pod rules on
 // the template.
 func TestJobValidation(t *testing.T) {
+	t.Parallel()
 	c := servertest.Start(t, 1)[0].Client
 	ctx := context.Background()
 	jobs := c.BatchV1().Jobs("default")
@@ -215,6 +217,7 @@ func TestJobValidation(t *testing.T) {
 // transitions are checked (Complete needs SuccessCriteriaMet, a start time and a completion time).
 // `kubectl get jobs`' columns and the status.successful field selector are kube-apiserver's.
 func TestJobStatusRules(t *testing.T) {
+	t.Parallel()
 	p := servertest.Start(t, 1)[0]
 	c := p.Client
 	ctx := context.Background()
@@ -312,6 +315,7 @@ func deleteOrphans(t *testing.T, c kubernetes.Interface) {
 // Server-side apply works on Jobs and CronJobs with kube's reset fields (a status in the applied
 // configuration is ignored), and a second apply by another manager conflicts on the fields the first owns.
 func TestJobServerSideApply(t *testing.T) {
+	t.Parallel()
 	c := servertest.Start(t, 1)[0].Client
 	ctx := context.Background()
 	cron := []byte(`{"apiVersion":"batch/v1","kind":"CronJob","metadata":{"name":"ssa"},"spec":{"schedule":"@hourly",

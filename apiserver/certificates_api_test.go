@@ -55,6 +55,7 @@ func impersonating(config *rest.Config, name string, groups ...string) kubernete
 // and kube's system:node role give it: it reads bundles, and creates, gets and lists (by its node name) only
 // the requests of the pods bound to it.
 func TestClusterTrustBundlesAndPodCertificateRequests(t *testing.T) {
+	t.Parallel()
 	config := startAPI(t, nil)
 	cs := kubernetes.NewForConfigOrDie(config)
 	ctx := context.Background()

@@ -28,6 +28,7 @@ import (
 // custom resource, the aggregated ClusterRoles (edit picks up a ClusterRole labelled for it), garbage
 // collection through ownerReferences both ways between custom and built-in objects, and namespace deletion.
 func TestCustomResourcesFirstClass(t *testing.T) {
+	t.Parallel()
 	peer := servertest.Start(t, 1)[0]
 	ctx := context.Background()
 	client := peer.Client

@@ -17,6 +17,7 @@ import (
 // TestErrorStatuses sends bad requests of each kind over plain HTTP and checks the code and the Status body:
 // kind Status, the same code, the reason, and for 422 the field causes.
 func TestErrorStatuses(t *testing.T) {
+	t.Parallel()
 	peer := servertest.Start(t, 1)[0]
 	client, err := rest.HTTPClientFor(peer.Config)
 	if err != nil {
@@ -141,6 +142,7 @@ func TestErrorStatuses(t *testing.T) {
 // than the watch cache gets a 410 Expired event, and a write while the cluster has no leader gets 503 with
 // Retry-After once the write timeout passes.
 func TestGoneAndUnavailable(t *testing.T) {
+	t.Parallel()
 	peers := servertest.StartWith(t, 3, func(f *config.ServerFile) { f.Server.Raft.WriteTimeout = ptr("1s") })
 	client, err := rest.HTTPClientFor(peers[0].Config)
 	if err != nil {

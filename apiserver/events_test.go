@@ -17,6 +17,7 @@ import (
 // the reporting controller of an event written through events.k8s.io/v1 (which has no source), as on
 // kube-apiserver.
 func TestEventSourceFieldSelector(t *testing.T) {
+	t.Parallel()
 	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 	now := metav1.NewMicroTime(time.Now())

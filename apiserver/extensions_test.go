@@ -64,6 +64,7 @@ func crontabCRD() *apiextensionsv1.CustomResourceDefinition {
 // server, the aggregator) over the Raft store: Established, in discovery, its objects validated, defaulted,
 // pruned, with status and scale, watched, and removed with their CRD; a bad CRD is refused with a field path.
 func TestCustomResources(t *testing.T) {
+	t.Parallel()
 	cfg := startAPI(t, nil)
 	ctx := context.Background()
 	crds := apiextensionsclient.NewForConfigOrDie(cfg).ApiextensionsV1().CustomResourceDefinitions()
@@ -240,6 +241,7 @@ func waitFor(t *testing.T, what string, within time.Duration, check func() error
 // TestVersion: /version says the Kubernetes release the API serves, in the form kubectl and the e2e
 // framework parse (semver with Skiff's version as build metadata), not the library's placeholder.
 func TestVersion(t *testing.T) {
+	t.Parallel()
 	cfg := startAPI(t, nil)
 	info, err := kubernetes.NewForConfigOrDie(cfg).Discovery().ServerVersion()
 	if err != nil {
@@ -258,6 +260,7 @@ func TestVersion(t *testing.T) {
 // update leaves the stored CRD as it was. A name already in use by another CRD is not a validation error on
 // kube-apiserver either: the CRD is stored with NamesAccepted False and never Established.
 func TestInvalidCRDs(t *testing.T) {
+	t.Parallel()
 	cfg := startAPI(t, nil)
 	ctx := context.Background()
 	crds := apiextensionsclient.NewForConfigOrDie(cfg).ApiextensionsV1().CustomResourceDefinitions()

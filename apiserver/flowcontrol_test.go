@@ -19,6 +19,7 @@ import (
 // configuration (the mandatory exempt and catch-all objects restored when deleted, the suggested ones
 // present), kube's validation with field paths, and status only through /status.
 func TestFlowControlConfiguration(t *testing.T) {
+	t.Parallel()
 	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 	fc := cs.FlowcontrolV1()

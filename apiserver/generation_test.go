@@ -16,6 +16,7 @@ import (
 // TestGeneration: metadata.generation starts at 1 and grows with each change of the spec, and only then:
 // metadata and status writes leave it alone, whatever generation the client sends.
 func TestGeneration(t *testing.T) {
+	t.Parallel()
 	c := servertest.Start(t, 1)[0].Client
 	ctx := context.Background()
 	rsClient := c.AppsV1().ReplicaSets("default")

@@ -26,6 +26,7 @@ import (
 // only through /status, kubectl's table with kube's columns, and both versions in discovery (legacy and
 // aggregated) with v2 preferred.
 func TestHorizontalPodAutoscalers(t *testing.T) {
+	t.Parallel()
 	c := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 	v1, v2 := c.AutoscalingV1().HorizontalPodAutoscalers("default"), c.AutoscalingV2().HorizontalPodAutoscalers("default")

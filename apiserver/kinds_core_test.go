@@ -19,6 +19,7 @@ import (
 // change, a Secret key may not be empty, stringData is still folded into data, and a PriorityClass's value
 // never changes and "system-" names are reserved. Each refusal is a 422 naming the field.
 func TestConfigMapSecretPriorityClassRules(t *testing.T) {
+	t.Parallel()
 	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 	invalid := func(what string, err error, wants ...string) {
@@ -92,6 +93,7 @@ func TestConfigMapSecretPriorityClassRules(t *testing.T) {
 // lifecycle): create, patch, list by label, delete a collection, and a template that is not a valid pod's
 // refused with the field named.
 func TestPodTemplates(t *testing.T) {
+	t.Parallel()
 	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 	templates := client.CoreV1().PodTemplates("default")

@@ -102,6 +102,7 @@ func usage(cpu, memory string) corev1.ResourceList {
 // Pods that exist, with their labels, filtered by label and field selectors; an object without metrics is
 // left out of lists and NotFound on get, as with metrics-server.
 func TestMetricsAPI(t *testing.T) {
+	t.Parallel()
 	ts := metav1.NewTime(time.Unix(1_700_000_000, 0))
 	window := metav1.Duration{Duration: 15 * time.Second}
 	source := &fakeMetrics{
@@ -275,6 +276,7 @@ func TestMetricsAPI(t *testing.T) {
 
 // TestMetricsAPIOff: without a metrics source the group is not served.
 func TestMetricsAPIOff(t *testing.T) {
+	t.Parallel()
 	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	groups, err := client.Discovery().ServerGroups()
 	if err != nil {

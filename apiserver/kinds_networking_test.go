@@ -23,6 +23,7 @@ import (
 // kubectl's tables with kube's columns, refused with a field path when invalid, an Ingress's status changed
 // only through its subresource.
 func TestNetworkingAndRuntimeClassKinds(t *testing.T) {
+	t.Parallel()
 	c := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 	net := c.NetworkingV1()

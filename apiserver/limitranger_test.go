@@ -21,6 +21,7 @@ import (
 // beyond min, max or maxLimitRequestRatio, and claims beyond the PersistentVolumeClaim item's, are refused
 // with Kubernetes' messages.
 func TestLimitRanger(t *testing.T) {
+	t.Parallel()
 	c := servertest.Start(t, 1)[0].Client
 	ctx := context.Background()
 	q := resource.MustParse

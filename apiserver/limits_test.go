@@ -22,6 +22,7 @@ import (
 
 // TestRequestBodyLimit checks that a body over 3 MiB gets 413 with a Status body, and nothing is stored.
 func TestRequestBodyLimit(t *testing.T) {
+	t.Parallel()
 	peers := servertest.Start(t, 1)
 	ctx := context.Background()
 	client := peers[0].Client

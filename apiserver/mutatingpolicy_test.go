@@ -21,6 +21,7 @@ import (
 // binding's policy must exist for its paramRef checks) and enforced by the library's plugin: a ConfigMap
 // created in the binding's namespaces gets the label the policy applies, others do not.
 func TestMutatingAdmissionPolicy(t *testing.T) {
+	t.Parallel()
 	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 	policies := cs.AdmissionregistrationV1()

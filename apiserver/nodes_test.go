@@ -16,6 +16,7 @@ import (
 // (and refused when taken), that a deleted Node's CIDR is reused, that a full cluster CIDR leaves new Nodes
 // without one, and that a podCIDR cannot change.
 func TestNodePodCIDRs(t *testing.T) {
+	t.Parallel()
 	clusterCIDR := "10.50.0.0/22" // four /24s
 	peers := servertest.StartWith(t, 1, func(f *config.ServerFile) { f.Server.ClusterCIDR = &clusterCIDR })
 	ctx := context.Background()

@@ -35,6 +35,7 @@ func (b *lostAnswerBackend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Re
 // the resent update (or create, or delete) of a write that did commit fails 409 (or 404): the client is
 // told its write did not happen when it did (the chaos suite's watchers caught that after a failover).
 func TestUnknownOutcomeIsNotResent(t *testing.T) {
+	t.Parallel()
 	backend := &lostAnswerBackend{memBackend: NewMemBackend()}
 	client := kubernetes.NewForConfigOrDie(startMemAPI(t, backend, nil))
 	cms := client.CoreV1().ConfigMaps("default")

@@ -42,6 +42,7 @@ func (w *warnings) take() string {
 // namespace warns about its existing pods; the server's defaults apply to unlabelled namespaces, and an
 // exempt namespace is let be.
 func TestPodSecurity(t *testing.T) {
+	t.Parallel()
 	peer := servertest.StartWith(t, 1, func(f *config.ServerFile) {
 		baseline := "baseline"
 		f.Server.PodSecurity = &config.PodSecurityBlock{Enforce: &baseline, ExemptNamespaces: []string{"exempt"}}

@@ -423,6 +423,7 @@ func (a *fakeAgent) port(t *testing.T) int32 {
 // TestPodStreamsHTTP drives pods/log, exec, attach and portforward through a running API server to a fake
 // agent: the answers without an agent, and what the agent is asked.
 func TestPodStreamsHTTP(t *testing.T) {
+	t.Parallel()
 	agent := newFakeAgent(t)
 	cfg := startStreamsAPI(t, agent.srv.Client().Transport)
 	ctx := context.Background()
@@ -663,6 +664,7 @@ func TestPodStreamsHTTP(t *testing.T) {
 
 // TestPodStreamsWithoutAgentTransport: a server with no client certificate for agents answers 503.
 func TestPodStreamsWithoutAgentTransport(t *testing.T) {
+	t.Parallel()
 	cfg := startStreamsAPI(t, nil)
 	ctx := context.Background()
 	client := kubernetes.NewForConfigOrDie(cfg)

@@ -39,6 +39,7 @@ func hostIP(t *testing.T) string {
 // server to a backend on this machine, standing for a pod and a node agent, and checks what reaches it and
 // what comes back, and the errors before any backend.
 func TestProxySubresources(t *testing.T) {
+	t.Parallel()
 	ip := hostIP(t)
 	ln, err := net.Listen("tcp", net.JoinHostPort(ip, "0"))
 	if err != nil {

@@ -24,6 +24,7 @@ import (
 // store); the others get Kubernetes' 403; the quota controller keeps status.used, and gives back what
 // deleted pods held; an object count quota (count/roles.rbac.authorization.k8s.io) and a requests quota hold too.
 func TestResourceQuotaAcrossServers(t *testing.T) {
+	t.Parallel()
 	peers := servertest.Start(t, 3)
 	ctx := context.Background()
 	c := peers[0].Client

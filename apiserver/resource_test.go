@@ -21,6 +21,7 @@ import (
 // the five kinds of the DRA conformance tests (test/e2e/dra/dra.go, "CRUD Tests"), with kube's validation
 // (field paths), status only through /status, ResourceSlice field selectors, and kube's table columns.
 func TestDynamicResourceAllocationAPI(t *testing.T) {
+	t.Parallel()
 	config := startAPI(t, nil)
 	cs := kubernetes.NewForConfigOrDie(config)
 	ctx := context.Background()

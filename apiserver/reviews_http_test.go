@@ -15,6 +15,7 @@ import (
 // Acceptable, as on kube-apiserver (conformance: "should return a 406 for a backend which does not implement
 // metadata").
 func TestReviewsRefuseTables(t *testing.T) {
+	t.Parallel()
 	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	sar := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
 		NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: "/", Verb: "get"}}}

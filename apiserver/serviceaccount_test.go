@@ -25,6 +25,7 @@ import (
 // TestServiceAccountTokenVolumeValidates: the kube-api-access volume the ServiceAccount admission
 // (package apiserver/admission) adds to a new pod passes the pod's validation, with its name.
 func TestServiceAccountTokenVolumeValidates(t *testing.T) {
+	t.Parallel()
 	c := servertest.Start(t, 1)[0].Client
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "token"}, Spec: corev1.PodSpec{
 		RestartPolicy: corev1.RestartPolicyAlways, Containers: []corev1.Container{{Name: "app", Image: "busybox"}}}}
@@ -49,6 +50,7 @@ func TestServiceAccountTokenVolumeValidates(t *testing.T) {
 // the server), and verifies a token issued for another audience with the published keys. Without
 // credentials the documents are refused.
 func TestServiceAccountIssuerDiscovery(t *testing.T) {
+	t.Parallel()
 	peer := servertest.Start(t, 1)[0]
 	c, ctx := peer.Client, context.Background()
 	proctest.WaitFor(t, "the service account", 10*time.Second, func() error {

@@ -20,6 +20,7 @@ import (
 // TestServiceCIDRs: the default ServiceCIDR "kubernetes" holds the servers' service range and is Ready, is
 // created again when deleted, and a ServiceCIDR of another name is refused, naming the field.
 func TestServiceCIDRs(t *testing.T) {
+	t.Parallel()
 	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 	cidrs := cs.NetworkingV1().ServiceCIDRs()
@@ -64,6 +65,7 @@ func TestServiceCIDRs(t *testing.T) {
 // TestIPAddresses: IPAddresses are named by an IP address in canonical form (IPv6 too), as kube-apiserver
 // validates them.
 func TestIPAddresses(t *testing.T) {
+	t.Parallel()
 	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 	parent := &networkingv1.ParentReference{Group: "mygroup", Resource: "myresources", Namespace: "foo", Name: "bar"}
@@ -85,6 +87,7 @@ func TestIPAddresses(t *testing.T) {
 // TestServiceWithGeneratedName: a Service created with generateName gets its ClusterIP, whose IPAddress names
 // the Service by its generated name (kube's IPAddress validation requires the parent's name).
 func TestServiceWithGeneratedName(t *testing.T) {
+	t.Parallel()
 	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 	svc, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{GenerateName: "proxy-service-"},

@@ -18,6 +18,7 @@ import (
 // claims a port no other Service can then take, a changed nodePort frees the old one, and leaving NodePort
 // frees them all.
 func TestNodePortClaimsFollowUpdates(t *testing.T) {
+	t.Parallel()
 	peers := servertest.Start(t, 1)
 	ctx := context.Background()
 	services := peers[0].Client.CoreV1().Services("default")
@@ -77,6 +78,7 @@ func TestNodePortClaimsFollowUpdates(t *testing.T) {
 // NodePorts), which another Service can then take, and one that stops being one gets a cluster IP, as
 // kube-apiserver does; updates are made as the conformance suite's jig makes them, a read and a full update.
 func TestExternalNameTypeChanges(t *testing.T) {
+	t.Parallel()
 	c := servertest.Start(t, 1)[0].Client
 	ctx := context.Background()
 	services := c.CoreV1().Services("default")

@@ -15,6 +15,7 @@ import (
 // but never the spec, as kube-apiserver's status strategies do; a Deployment's status endpoint keeps its
 // stored labels, and a pod's its owner references.
 func TestStatusSubresourceKeepsMetadata(t *testing.T) {
+	t.Parallel()
 	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 

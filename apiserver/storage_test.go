@@ -27,6 +27,7 @@ import (
 // a claim without a class to a hand-made volume and releases the volume when the claim goes; and a node may
 // create only volumes pinned to itself.
 func TestPersistentVolumesAndClaims(t *testing.T) {
+	t.Parallel()
 	peer := servertest.Start(t, 1)[0]
 	c := peer.Client
 	ctx := context.Background()
@@ -142,6 +143,7 @@ func TestPersistentVolumesAndClaims(t *testing.T) {
 // VolumeAttributesClass): created, patched, listed as kubectl's tables with kube's own columns, refused with
 // a field path when invalid, a VolumeAttachment's status only through its subresource, and deleted.
 func TestCSIObjects(t *testing.T) {
+	t.Parallel()
 	c := kubernetes.NewForConfigOrDie(startAPI(t, nil))
 	ctx := context.Background()
 	storage := c.StorageV1()

@@ -30,6 +30,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/skiff-dev/skiff/internal/hostnetlock"
 	"github.com/skiff-dev/skiff/internal/proctest"
 	"github.com/skiff-dev/skiff/internal/testimages"
 )
@@ -57,6 +58,9 @@ func BenchmarkPodStartup(b *testing.B) {
 	c := proctest.NewCluster(b, 1, fmt.Sprintf("token = %q", benchJoinToken))
 	c.Start(c.Procs[0])
 	client := clientFor(b, c.Procs[0].Kubeconfig())
+	// The agent runs in this machine's own network namespace, as some e2e tests' agents do, which may run
+	// beside this benchmark (make test): they take turns.
+	hostnetlock.Lock(b)
 	agent := startBenchAgent(b, c.Procs[0].Kubeconfig(), registry)
 	ctx := context.Background()
 	proctest.WaitFor(b, "the node Ready", 60*time.Second, func() error {

@@ -20,8 +20,6 @@ import (
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
-const batchNamespace = "default"
-
 // newJob is a Job of pods that restart never, changed by change.
 func newJob(name string, change func(*batchv1.Job)) *batchv1.Job {
 	j := &batchv1.Job{
@@ -38,9 +36,9 @@ func newJob(name string, change func(*batchv1.Job)) *batchv1.Job {
 }
 
 // jobPods are the Job's pods that have not ended yet (Pending or Running), and all of its pods, by name.
-func jobPods(t *testing.T, c kubernetes.Interface, j *batchv1.Job) (active, all []corev1.Pod) {
+func jobPods(t *testing.T, c kubernetes.Interface, ns string, j *batchv1.Job) (active, all []corev1.Pod) {
 	t.Helper()
-	list, err := c.CoreV1().Pods(batchNamespace).List(context.Background(), metav1.ListOptions{
+	list, err := c.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{
 		LabelSelector: batchv1.ControllerUidLabel + "=" + string(j.UID)})
 	if err != nil {
 		t.Fatal(err)
@@ -55,11 +53,11 @@ func jobPods(t *testing.T, c kubernetes.Interface, j *batchv1.Job) (active, all 
 }
 
 // waitForActive waits until the Job has exactly n pods that have not ended, and returns them.
-func waitForActive(t *testing.T, c kubernetes.Interface, j *batchv1.Job, n int) []corev1.Pod {
+func waitForActive(t *testing.T, c kubernetes.Interface, ns string, j *batchv1.Job, n int) []corev1.Pod {
 	t.Helper()
 	var active []corev1.Pod
 	proctest.WaitFor(t, fmt.Sprintf("%d active pods of %s", n, j.Name), 30*time.Second, func() error {
-		active, _ = jobPods(t, c, j)
+		active, _ = jobPods(t, c, ns, j)
 		if len(active) != n {
 			return fmt.Errorf("%d active: %v", len(active), podNames(active))
 		}
@@ -70,10 +68,10 @@ func waitForActive(t *testing.T, c kubernetes.Interface, j *batchv1.Job, n int) 
 
 // endPod does what a node agent does when the pod's container exits: the pod ends Succeeded (exit 0) or
 // Failed, with the container's exit code.
-func endPod(t *testing.T, c kubernetes.Interface, name string, exitCode int32) {
+func endPod(t *testing.T, c kubernetes.Interface, ns, name string, exitCode int32) {
 	t.Helper()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		pod, err := c.CoreV1().Pods(batchNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		pod, err := c.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -86,7 +84,7 @@ func endPod(t *testing.T, c kubernetes.Interface, name string, exitCode int32) {
 		pod.Status.StartTime = &now
 		pod.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "work", Image: "busybox", State: corev1.ContainerState{
 			Terminated: &corev1.ContainerStateTerminated{ExitCode: exitCode, Reason: reason, StartedAt: now, FinishedAt: now}}}}
-		_, err = c.CoreV1().Pods(batchNamespace).UpdateStatus(context.Background(), pod, metav1.UpdateOptions{})
+		_, err = c.CoreV1().Pods(ns).UpdateStatus(context.Background(), pod, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
@@ -95,12 +93,12 @@ func endPod(t *testing.T, c kubernetes.Interface, name string, exitCode int32) {
 }
 
 // waitForCondition waits until the Job has this condition true, and returns the Job.
-func waitForCondition(t *testing.T, c kubernetes.Interface, name string, cond batchv1.JobConditionType) *batchv1.Job {
+func waitForCondition(t *testing.T, c kubernetes.Interface, ns, name string, cond batchv1.JobConditionType) *batchv1.Job {
 	t.Helper()
 	var j *batchv1.Job
 	proctest.WaitFor(t, fmt.Sprintf("%s %s", name, cond), 30*time.Second, func() error {
 		var err error
-		if j, err = c.BatchV1().Jobs(batchNamespace).Get(context.Background(), name, metav1.GetOptions{}); err != nil {
+		if j, err = c.BatchV1().Jobs(ns).Get(context.Background(), name, metav1.GetOptions{}); err != nil {
 			return err
 		}
 		for _, jc := range j.Status.Conditions {
@@ -113,9 +111,9 @@ func waitForCondition(t *testing.T, c kubernetes.Interface, name string, cond ba
 	return j
 }
 
-func createJob(t *testing.T, c kubernetes.Interface, j *batchv1.Job) *batchv1.Job {
+func createJob(t *testing.T, c kubernetes.Interface, ns string, j *batchv1.Job) *batchv1.Job {
 	t.Helper()
-	created, err := c.BatchV1().Jobs(batchNamespace).Create(context.Background(), j, metav1.CreateOptions{})
+	created, err := c.BatchV1().Jobs(ns).Create(context.Background(), j, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,31 +123,36 @@ func createJob(t *testing.T, c kubernetes.Interface, j *batchv1.Job) *batchv1.Jo
 // TestJobController runs Kubernetes' Job, CronJob and TTL-after-finished controllers on a real server, with
 // the test doing the node agent's part (ending pods with an exit code).
 func TestJobController(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	// A server of its own: it waits on the garbage collector, whose rounds slow down as the objects of
+	// the tests sharing a server add up.
+	t.Parallel()
+	p := servertest.Start(t, 1)[0]
+	c := p.Client
+	ns := servertest.Namespace(t, p, "job")
 	ctx := context.Background()
 
 	// The subtests run at once, each with its own Job: the CronJob's waits for the next minute.
 	t.Run("completions and parallelism", func(t *testing.T) {
 		t.Parallel()
-		j := createJob(t, c, newJob("five", func(j *batchv1.Job) {
+		j := createJob(t, c, ns, newJob("five", func(j *batchv1.Job) {
 			j.Spec.Completions, j.Spec.Parallelism = kptr.To[int32](5), kptr.To[int32](2)
 		}))
 		for done := 0; done < 5; done++ {
 			// Never more than parallelism at once, and no more than the completions still missing.
-			active := waitForActive(t, c, j, min(2, 5-done))
+			active := waitForActive(t, c, ns, j, min(2, 5-done))
 			for _, p := range active {
 				if !slices.Contains(p.Finalizers, batchv1.JobTrackingFinalizer) {
 					t.Fatalf("pod %s has no %s finalizer: %v", p.Name, batchv1.JobTrackingFinalizer, p.Finalizers)
 				}
 			}
-			endPod(t, c, active[0].Name, 0)
+			endPod(t, c, ns, active[0].Name, 0)
 		}
-		j = waitForCondition(t, c, "five", batchv1.JobComplete)
+		j = waitForCondition(t, c, ns, "five", batchv1.JobComplete)
 		if j.Status.Succeeded != 5 || j.Status.Failed != 0 || j.Status.CompletionTime == nil {
 			t.Fatalf("status %+v; want 5 succeeded", j.Status)
 		}
 		proctest.WaitFor(t, "the tracking finalizers removed", 30*time.Second, func() error {
-			_, all := jobPods(t, c, j)
+			_, all := jobPods(t, c, ns, j)
 			for _, p := range all {
 				if len(p.Finalizers) > 0 {
 					return fmt.Errorf("%s has %v", p.Name, p.Finalizers)
@@ -164,11 +167,11 @@ func TestJobController(t *testing.T) {
 
 	t.Run("indexed", func(t *testing.T) {
 		t.Parallel()
-		j := createJob(t, c, newJob("indexed", func(j *batchv1.Job) {
+		j := createJob(t, c, ns, newJob("indexed", func(j *batchv1.Job) {
 			j.Spec.Completions, j.Spec.Parallelism = kptr.To[int32](3), kptr.To[int32](3)
 			j.Spec.CompletionMode = kptr.To(batchv1.IndexedCompletion)
 		}))
-		active := waitForActive(t, c, j, 3)
+		active := waitForActive(t, c, ns, j, 3)
 		var indexes []string
 		for _, p := range active {
 			index := p.Annotations[batchv1.JobCompletionIndexAnnotation]
@@ -182,22 +185,22 @@ func TestJobController(t *testing.T) {
 				env[i].ValueFrom.FieldRef.FieldPath != "metadata.labels['"+batchv1.JobCompletionIndexAnnotation+"']" {
 				t.Errorf("pod %s: env %+v", p.Name, env)
 			}
-			endPod(t, c, p.Name, 0)
+			endPod(t, c, ns, p.Name, 0)
 		}
 		slices.Sort(indexes)
 		if !slices.Equal(indexes, []string{"0", "1", "2"}) {
 			t.Fatalf("indexes %v", indexes)
 		}
-		if j = waitForCondition(t, c, "indexed", batchv1.JobComplete); j.Status.CompletedIndexes != "0-2" {
+		if j = waitForCondition(t, c, ns, "indexed", batchv1.JobComplete); j.Status.CompletedIndexes != "0-2" {
 			t.Fatalf("completedIndexes %q", j.Status.CompletedIndexes)
 		}
 	})
 
 	t.Run("backoffLimit", func(t *testing.T) {
 		t.Parallel()
-		j := createJob(t, c, newJob("fails", func(j *batchv1.Job) { j.Spec.BackoffLimit = kptr.To[int32](0) }))
-		endPod(t, c, waitForActive(t, c, j, 1)[0].Name, 1)
-		j = waitForCondition(t, c, "fails", batchv1.JobFailed)
+		j := createJob(t, c, ns, newJob("fails", func(j *batchv1.Job) { j.Spec.BackoffLimit = kptr.To[int32](0) }))
+		endPod(t, c, ns, waitForActive(t, c, ns, j, 1)[0].Name, 1)
+		j = waitForCondition(t, c, ns, "fails", batchv1.JobFailed)
 		if j.Status.Failed != 1 || !hasReason(j, batchv1.JobFailed, batchv1.JobReasonBackoffLimitExceeded) {
 			t.Fatalf("status %+v; want 1 failed, BackoffLimitExceeded", j.Status)
 		}
@@ -216,42 +219,42 @@ func TestJobController(t *testing.T) {
 					Operator: batchv1.PodFailurePolicyOnExitCodesOpIn, Values: []int32{3}}},
 			}}
 		}
-		j := createJob(t, c, newJob("ignore42", policy))
-		first := waitForActive(t, c, j, 1)[0]
-		endPod(t, c, first.Name, 42)
+		j := createJob(t, c, ns, newJob("ignore42", policy))
+		first := waitForActive(t, c, ns, j, 1)[0]
+		endPod(t, c, ns, first.Name, 42)
 		var second corev1.Pod
 		proctest.WaitFor(t, "a replacement pod", 30*time.Second, func() error {
-			active, _ := jobPods(t, c, j)
+			active, _ := jobPods(t, c, ns, j)
 			if len(active) != 1 || active[0].Name == first.Name {
 				return fmt.Errorf("active %v", podNames(active))
 			}
 			second = active[0]
 			return nil
 		})
-		endPod(t, c, second.Name, 0)
-		if j = waitForCondition(t, c, "ignore42", batchv1.JobComplete); j.Status.Failed != 0 || j.Status.Succeeded != 1 {
+		endPod(t, c, ns, second.Name, 0)
+		if j = waitForCondition(t, c, ns, "ignore42", batchv1.JobComplete); j.Status.Failed != 0 || j.Status.Succeeded != 1 {
 			t.Fatalf("status %+v; want the ignored failure not counted", j.Status)
 		}
 
-		j = createJob(t, c, newJob("exit3", policy))
-		endPod(t, c, waitForActive(t, c, j, 1)[0].Name, 3)
-		if j = waitForCondition(t, c, "exit3", batchv1.JobFailed); !hasReason(j, batchv1.JobFailed, batchv1.JobReasonPodFailurePolicy) {
+		j = createJob(t, c, ns, newJob("exit3", policy))
+		endPod(t, c, ns, waitForActive(t, c, ns, j, 1)[0].Name, 3)
+		if j = waitForCondition(t, c, ns, "exit3", batchv1.JobFailed); !hasReason(j, batchv1.JobFailed, batchv1.JobReasonPodFailurePolicy) {
 			t.Fatalf("status %+v; want PodFailurePolicy", j.Status)
 		}
 	})
 
 	t.Run("ttlSecondsAfterFinished", func(t *testing.T) {
 		t.Parallel()
-		j := createJob(t, c, newJob("short-lived", func(j *batchv1.Job) { j.Spec.TTLSecondsAfterFinished = kptr.To[int32](0) }))
-		pod := waitForActive(t, c, j, 1)[0]
-		endPod(t, c, pod.Name, 0)
+		j := createJob(t, c, ns, newJob("short-lived", func(j *batchv1.Job) { j.Spec.TTLSecondsAfterFinished = kptr.To[int32](0) }))
+		pod := waitForActive(t, c, ns, j, 1)[0]
+		endPod(t, c, ns, pod.Name, 0)
 		// The TTL controller deletes the Job in the foreground, so the garbage collector's next rounds remove
 		// the pod and then the Job: a minute, for a loaded machine.
 		proctest.WaitFor(t, "the finished Job and its pod deleted", time.Minute, func() error {
-			if _, err := c.BatchV1().Jobs(batchNamespace).Get(ctx, j.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			if _, err := c.BatchV1().Jobs(ns).Get(ctx, j.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("job: %v", err)
 			}
-			if _, err := c.CoreV1().Pods(batchNamespace).Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			if _, err := c.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("pod: %v", err)
 			}
 			return nil
@@ -263,7 +266,7 @@ func TestJobController(t *testing.T) {
 		// The controller starts the most recent missed time at once (no startingDeadlineSeconds): a last
 		// schedule three minutes back stands for a CronJob whose time has come, without waiting for the
 		// next minute.
-		cj, err := c.BatchV1().CronJobs(batchNamespace).Create(ctx, &batchv1.CronJob{
+		cj, err := c.BatchV1().CronJobs(ns).Create(ctx, &batchv1.CronJob{
 			ObjectMeta: metav1.ObjectMeta{Name: "minutely"},
 			Spec: batchv1.CronJobSpec{Schedule: "* * * * *", ConcurrencyPolicy: batchv1.ForbidConcurrent,
 				JobTemplate: batchv1.JobTemplateSpec{Spec: newJob("", nil).Spec}},
@@ -273,12 +276,12 @@ func TestJobController(t *testing.T) {
 		}
 		// Backdated once: the controller starts a Job at once.
 		err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			cur, err := c.BatchV1().CronJobs(batchNamespace).Get(ctx, cj.Name, metav1.GetOptions{})
+			cur, err := c.BatchV1().CronJobs(ns).Get(ctx, cj.Name, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
 			cur.Status.LastScheduleTime = kptr.To(metav1.NewTime(time.Now().Add(-3 * time.Minute).Truncate(time.Minute)))
-			_, err = c.BatchV1().CronJobs(batchNamespace).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+			_, err = c.BatchV1().CronJobs(ns).UpdateStatus(ctx, cur, metav1.UpdateOptions{})
 			return err
 		})
 		if err != nil {
@@ -286,7 +289,7 @@ func TestJobController(t *testing.T) {
 		}
 		var first batchv1.Job
 		proctest.WaitFor(t, "a Job of the CronJob", 30*time.Second, func() error {
-			jobs, err := c.BatchV1().Jobs(batchNamespace).List(ctx, metav1.ListOptions{})
+			jobs, err := c.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{})
 			if err != nil {
 				return err
 			}
@@ -302,7 +305,7 @@ func TestJobController(t *testing.T) {
 			return nil
 		})
 		proctest.WaitFor(t, "the Job active in the CronJob's status", 30*time.Second, func() error {
-			cur, err := c.BatchV1().CronJobs(batchNamespace).Get(ctx, cj.Name, metav1.GetOptions{})
+			cur, err := c.BatchV1().CronJobs(ns).Get(ctx, cj.Name, metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
@@ -312,8 +315,8 @@ func TestJobController(t *testing.T) {
 			return nil
 		})
 		// The Job still runs: with Forbid, the next time of the schedule (within a minute) is skipped.
-		waitForEventOn(t, c, "CronJob", cj.Name, "JobAlreadyActive", 90*time.Second)
-		jobs, err := c.BatchV1().Jobs(batchNamespace).List(ctx, metav1.ListOptions{})
+		waitForEventOn(t, c, ns, "CronJob", cj.Name, "JobAlreadyActive", 90*time.Second)
+		jobs, err := c.BatchV1().Jobs(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -330,10 +333,10 @@ func hasReason(j *batchv1.Job, cond batchv1.JobConditionType, reason string) boo
 }
 
 // waitForEventOn waits for an event with this reason on the named object of this kind.
-func waitForEventOn(t *testing.T, c kubernetes.Interface, kind, name, reason string, timeout time.Duration) {
+func waitForEventOn(t *testing.T, c kubernetes.Interface, ns, kind, name, reason string, timeout time.Duration) {
 	t.Helper()
 	proctest.WaitFor(t, fmt.Sprintf("a %s event on %s %s", reason, kind, name), timeout, func() error {
-		list, err := c.CoreV1().Events(batchNamespace).List(context.Background(), metav1.ListOptions{
+		list, err := c.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
 			FieldSelector: "involvedObject.kind=" + kind + ",involvedObject.name=" + name + ",reason=" + reason})
 		if err != nil {
 			return err

@@ -28,8 +28,6 @@ import (
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
-const dsNamespace = "ds-test"
-
 // dsNode registers a Node directly through the API, as a simulated node no agent runs (the node lifecycle
 // controller leaves a Node without gossip member or Lease as its writer set it).
 func dsNode(t *testing.T, c kubernetes.Interface, name string, labels map[string]string, taints ...corev1.Taint) {
@@ -48,9 +46,9 @@ func dsNode(t *testing.T, c kubernetes.Interface, name string, labels map[string
 	}
 }
 
-func daemonSet(name string, mutate func(*appsv1.DaemonSet)) *appsv1.DaemonSet {
+func daemonSet(ns, name string, mutate func(*appsv1.DaemonSet)) *appsv1.DaemonSet {
 	ds := &appsv1.DaemonSet{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: dsNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: appsv1.DaemonSetSpec{
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"ds": name}},
 			Template: corev1.PodTemplateSpec{
@@ -70,20 +68,21 @@ func daemonSet(name string, mutate func(*appsv1.DaemonSet)) *appsv1.DaemonSet {
 // recorded with its node.
 type fakeKubelets struct {
 	c     kubernetes.Interface
+	ns    string
 	delay time.Duration
 
 	mu    sync.Mutex
 	ready map[string]bool // pod names marked Ready
 }
 
-func startFakeKubelets(t *testing.T, c kubernetes.Interface, delay time.Duration) *fakeKubelets {
+func startFakeKubelets(t *testing.T, c kubernetes.Interface, ns string, delay time.Duration) *fakeKubelets {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := c.CoreV1().Pods(dsNamespace).Watch(ctx, metav1.ListOptions{})
+	w, err := c.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &fakeKubelets{c: c, delay: delay, ready: map[string]bool{}}
+	k := &fakeKubelets{c: c, ns: ns, delay: delay, ready: map[string]bool{}}
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); w.Stop(); wg.Wait() })
 	wg.Go(func() {
@@ -95,7 +94,7 @@ func startFakeKubelets(t *testing.T, c kubernetes.Interface, delay time.Duration
 			switch {
 			case pod.DeletionTimestamp != nil:
 				zero := int64(0)
-				err := c.CoreV1().Pods(dsNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+				err := c.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 				if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
 					t.Errorf("confirming the deletion of %s: %v", pod.Name, err)
 				}
@@ -131,7 +130,7 @@ func (k *fakeKubelets) mark(name string) {
 // run makes the pod Running and Ready now.
 func (k *fakeKubelets) run(ctx context.Context, t *testing.T, name string) {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		pod, err := k.c.CoreV1().Pods(dsNamespace).Get(ctx, name, metav1.GetOptions{})
+		pod, err := k.c.CoreV1().Pods(k.ns).Get(ctx, name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -139,7 +138,7 @@ func (k *fakeKubelets) run(ctx context.Context, t *testing.T, name string) {
 		pod.Status.Phase = corev1.PodRunning
 		pod.Status.Conditions = slices.DeleteFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodReady })
 		pod.Status.Conditions = append(pod.Status.Conditions, corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now})
-		_, err = k.c.CoreV1().Pods(dsNamespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+		_, err = k.c.CoreV1().Pods(k.ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
@@ -148,9 +147,9 @@ func (k *fakeKubelets) run(ctx context.Context, t *testing.T, name string) {
 }
 
 // dsPods are the live pods a DaemonSet controls, by node ("" for pods not bound yet).
-func dsPods(t *testing.T, c kubernetes.Interface, ds *appsv1.DaemonSet) map[string][]corev1.Pod {
+func dsPods(t *testing.T, c kubernetes.Interface, ns string, ds *appsv1.DaemonSet) map[string][]corev1.Pod {
 	t.Helper()
-	list, err := c.CoreV1().Pods(dsNamespace).List(context.Background(), metav1.ListOptions{})
+	list, err := c.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,25 +174,25 @@ func nodesOf(pods map[string][]corev1.Pod) string {
 }
 
 // waitForDaemonPods waits until the DaemonSet has exactly one bound pod on each of nodes and none elsewhere.
-func waitForDaemonPods(t *testing.T, c kubernetes.Interface, ds *appsv1.DaemonSet, nodes ...string) map[string][]corev1.Pod {
+func waitForDaemonPods(t *testing.T, c kubernetes.Interface, ns string, ds *appsv1.DaemonSet, nodes ...string) map[string][]corev1.Pod {
 	t.Helper()
 	sort.Strings(nodes)
 	want := strings.Join(nodes, ",")
 	var pods map[string][]corev1.Pod
 	waitFor(t, fmt.Sprintf("%s's pods on %s", ds.Name, want), func() (bool, string) {
-		pods = dsPods(t, c, ds)
+		pods = dsPods(t, c, ns, ds)
 		return nodesOf(pods) == want, "pods on " + nodesOf(pods)
 	})
 	return pods
 }
 
 // holdDaemonPods checks for a while that the DaemonSet keeps exactly one pod on each of nodes.
-func holdDaemonPods(t *testing.T, c kubernetes.Interface, ds *appsv1.DaemonSet, nodes ...string) {
+func holdDaemonPods(t *testing.T, c kubernetes.Interface, ns string, ds *appsv1.DaemonSet, nodes ...string) {
 	t.Helper()
 	sort.Strings(nodes)
 	want := strings.Join(nodes, ",")
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		if got := nodesOf(dsPods(t, c, ds)); got != want {
+		if got := nodesOf(dsPods(t, c, ns, ds)); got != want {
 			t.Fatalf("%s's pods on %s, want %s", ds.Name, got, want)
 		}
 	}
@@ -218,15 +217,15 @@ func causes(t *testing.T, err error) []string {
 // TestDaemonSetAPI checks that DaemonSets and ControllerRevisions get Kubernetes' defaults, validation
 // (422 with field paths) and status rules.
 func TestDaemonSetAPI(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	t.Parallel()
+	p := servertest.Shared(t)
+	c := p.Client
+	ns := servertest.Namespace(t, p, "ds")
 	ctx := context.Background()
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: dsNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	dss := c.AppsV1().DaemonSets(dsNamespace)
+	dss := c.AppsV1().DaemonSets(ns)
 
 	t.Run("defaults", func(t *testing.T) {
-		in := daemonSet("defaults", nil)
+		in := daemonSet(ns, "defaults", nil)
 		in.Status.DesiredNumberScheduled = 7 // a create cannot set status
 		ds, err := dss.Create(ctx, in, metav1.CreateOptions{})
 		if err != nil {
@@ -309,7 +308,7 @@ func TestDaemonSetAPI(t *testing.T) {
 
 	t.Run("server-side apply", func(t *testing.T) {
 		apply := func(manager, image string, force bool) (*appsv1.DaemonSet, error) {
-			cfg := appsv1apply.DaemonSet("applied", dsNamespace).WithSpec(appsv1apply.DaemonSetSpec().
+			cfg := appsv1apply.DaemonSet("applied", ns).WithSpec(appsv1apply.DaemonSetSpec().
 				WithSelector(metav1apply.LabelSelector().WithMatchLabels(map[string]string{"ds": "applied"})).
 				WithTemplate(corev1apply.PodTemplateSpec().WithLabels(map[string]string{"ds": "applied"}).
 					WithSpec(corev1apply.PodSpec().WithContainers(corev1apply.Container().WithName("agent").WithImage(image)))))
@@ -358,7 +357,7 @@ func TestDaemonSetAPI(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := dss.Create(ctx, daemonSet("invalid", tc.mutate), metav1.CreateOptions{})
+			_, err := dss.Create(ctx, daemonSet(ns, "invalid", tc.mutate), metav1.CreateOptions{})
 			if got := causes(t, err); !slices.Contains(got, tc.field) {
 				t.Errorf("causes %v, want %s among them", got, tc.field)
 			}
@@ -366,7 +365,7 @@ func TestDaemonSetAPI(t *testing.T) {
 	}
 
 	t.Run("controllerrevisions", func(t *testing.T) {
-		crs := c.AppsV1().ControllerRevisions(dsNamespace)
+		crs := c.AppsV1().ControllerRevisions(ns)
 		_, err := crs.Create(ctx, &appsv1.ControllerRevision{ObjectMeta: metav1.ObjectMeta{Name: "nodata"}, Revision: 1}, metav1.CreateOptions{})
 		if got := causes(t, err); !slices.Contains(got, "data") {
 			t.Errorf("no data: causes %v", got)
@@ -397,43 +396,40 @@ func TestDaemonSetAPI(t *testing.T) {
 // node selector and taints respected; a node added later gets its pod; a rolling update replaces the pods
 // one node at a time.
 func TestDaemonSetController(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	// A server of its own: its nodes would take the pods of the other tests' workloads.
+	t.Parallel()
+	p := servertest.Start(t, 1)[0]
+	c := p.Client
+	ns := servertest.Namespace(t, p, "ds")
 	ctx := context.Background()
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: dsNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "the namespace's default service account", func() (bool, string) {
-		_, err := c.CoreV1().ServiceAccounts(dsNamespace).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, fmt.Sprint(err)
-	})
 	infra := corev1.Taint{Key: "dedicated", Value: "infra", Effect: corev1.TaintEffectNoSchedule}
 	dsNode(t, c, "ds-a", map[string]string{"disk": "ssd"})
 	dsNode(t, c, "ds-b", nil)
 	dsNode(t, c, "ds-c", nil, infra)
-	kubelets := startFakeKubelets(t, c, 300*time.Millisecond)
-	dss := c.AppsV1().DaemonSets(dsNamespace)
+	kubelets := startFakeKubelets(t, c, ns, 300*time.Millisecond)
+	dss := c.AppsV1().DaemonSets(ns)
 
-	everywhere, err := dss.Create(ctx, daemonSet("everywhere", nil), metav1.CreateOptions{})
+	everywhere, err := dss.Create(ctx, daemonSet(ns, "everywhere", nil), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	tolerant, err := dss.Create(ctx, daemonSet("tolerant", func(ds *appsv1.DaemonSet) {
+	tolerant, err := dss.Create(ctx, daemonSet(ns, "tolerant", func(ds *appsv1.DaemonSet) {
 		ds.Spec.Template.Spec.Tolerations = []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpEqual, Value: "infra", Effect: corev1.TaintEffectNoSchedule}}
 	}), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ssd, err := dss.Create(ctx, daemonSet("ssd", func(ds *appsv1.DaemonSet) { ds.Spec.Template.Spec.NodeSelector = map[string]string{"disk": "ssd"} }), metav1.CreateOptions{})
+	ssd, err := dss.Create(ctx, daemonSet(ns, "ssd", func(ds *appsv1.DaemonSet) { ds.Spec.Template.Spec.NodeSelector = map[string]string{"disk": "ssd"} }), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	t.Run("one pod per eligible node", func(t *testing.T) {
-		pods := waitForDaemonPods(t, c, everywhere, "ds-a", "ds-b")
-		waitForDaemonPods(t, c, tolerant, "ds-a", "ds-b", "ds-c")
-		waitForDaemonPods(t, c, ssd, "ds-a")
-		holdDaemonPods(t, c, everywhere, "ds-a", "ds-b")
-		holdDaemonPods(t, c, ssd, "ds-a")
+		pods := waitForDaemonPods(t, c, ns, everywhere, "ds-a", "ds-b")
+		waitForDaemonPods(t, c, ns, tolerant, "ds-a", "ds-b", "ds-c")
+		waitForDaemonPods(t, c, ns, ssd, "ds-a")
+		holdDaemonPods(t, c, ns, everywhere, "ds-a", "ds-b")
+		holdDaemonPods(t, c, ns, ssd, "ds-a")
 
 		// Each pod is pinned to its node by node affinity on metadata.name (the scheduler bound it there)
 		// and carries the tolerations Kubernetes gives daemon pods.
@@ -464,13 +460,13 @@ func TestDaemonSetController(t *testing.T) {
 
 	t.Run("a node added later gets a pod", func(t *testing.T) {
 		dsNode(t, c, "ds-d", nil)
-		waitForDaemonPods(t, c, everywhere, "ds-a", "ds-b", "ds-d")
-		waitForDaemonPods(t, c, tolerant, "ds-a", "ds-b", "ds-c", "ds-d")
-		holdDaemonPods(t, c, ssd, "ds-a")
+		waitForDaemonPods(t, c, ns, everywhere, "ds-a", "ds-b", "ds-d")
+		waitForDaemonPods(t, c, ns, tolerant, "ds-a", "ds-b", "ds-c", "ds-d")
+		holdDaemonPods(t, c, ns, ssd, "ds-a")
 	})
 
 	t.Run("a rolling update replaces one pod at a time", func(t *testing.T) {
-		for _, ps := range waitForDaemonPods(t, c, everywhere, "ds-a", "ds-b", "ds-d") {
+		for _, ps := range waitForDaemonPods(t, c, ns, everywhere, "ds-a", "ds-b", "ds-d") {
 			name := ps[0].Name
 			waitFor(t, name+" Ready", func() (bool, string) { return kubelets.marked(name), "" })
 		}
@@ -479,7 +475,7 @@ func TestDaemonSetController(t *testing.T) {
 			return err == nil && ds.Status.NumberAvailable == 3, fmt.Sprint(err)
 		})
 		// Watch the pods: at no moment may more than one node lack an available pod (maxUnavailable 1).
-		list, err := c.CoreV1().Pods(dsNamespace).List(ctx, metav1.ListOptions{LabelSelector: "ds=everywhere"})
+		list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "ds=everywhere"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -487,7 +483,7 @@ func TestDaemonSetController(t *testing.T) {
 		for i := range list.Items {
 			live[list.Items[i].Name] = &list.Items[i]
 		}
-		w, err := c.CoreV1().Pods(dsNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: "ds=everywhere", ResourceVersion: list.ResourceVersion})
+		w, err := c.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: "ds=everywhere", ResourceVersion: list.ResourceVersion})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -529,7 +525,7 @@ func TestDaemonSetController(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitFor(t, "every pod of everywhere updated and available", func() (bool, string) {
-			pods := dsPods(t, c, everywhere)
+			pods := dsPods(t, c, ns, everywhere)
 			var images []string
 			for _, ps := range pods {
 				for _, p := range ps {
@@ -551,7 +547,7 @@ func TestDaemonSetController(t *testing.T) {
 			t.Errorf("at worst %d nodes lacked a running pod during the update, want 1 (one at a time)", worst)
 		}
 		// The update made a second ControllerRevision.
-		crs, err := c.AppsV1().ControllerRevisions(dsNamespace).List(ctx, metav1.ListOptions{LabelSelector: "ds=everywhere"})
+		crs, err := c.AppsV1().ControllerRevisions(ns).List(ctx, metav1.ListOptions{LabelSelector: "ds=everywhere"})
 		if err != nil || len(crs.Items) != 2 {
 			t.Fatalf("controller revisions of everywhere: %v, %v", crs, err)
 		}
@@ -574,7 +570,7 @@ func TestDaemonSetController(t *testing.T) {
 		}
 	}
 	ssdImage := func() string {
-		pods := dsPods(t, c, ssd)["ds-a"]
+		pods := dsPods(t, c, ns, ssd)["ds-a"]
 		if len(pods) != 1 {
 			return fmt.Sprintf("%d pods", len(pods))
 		}
@@ -582,7 +578,7 @@ func TestDaemonSetController(t *testing.T) {
 	}
 
 	t.Run("maxSurge starts the new pod before the old one stops", func(t *testing.T) {
-		w, err := c.CoreV1().Pods(dsNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: "ds=ssd"})
+		w, err := c.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: "ds=ssd"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -630,8 +626,8 @@ func TestDaemonSetController(t *testing.T) {
 				t.Fatalf("OnDelete: the pod on ds-a changed to %s without being deleted", img)
 			}
 		}
-		old := dsPods(t, c, ssd)["ds-a"][0].Name
-		if err := c.CoreV1().Pods(dsNamespace).Delete(ctx, old, metav1.DeleteOptions{}); err != nil {
+		old := dsPods(t, c, ns, ssd)["ds-a"][0].Name
+		if err := c.CoreV1().Pods(ns).Delete(ctx, old, metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, "ssd's pod recreated with the new template", func() (bool, string) {
@@ -653,7 +649,7 @@ func TestDaemonSetController(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			pods := dsPods(t, c, everywhere)
+			pods := dsPods(t, c, ns, everywhere)
 			if ds.Status.DesiredNumberScheduled == 2 && ds.Status.NumberAvailable == 2 && nodesOf(pods) == "ds-a,ds-b" {
 				break
 			}

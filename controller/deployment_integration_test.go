@@ -18,11 +18,9 @@ import (
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
-const deployNamespace = "deploy-test"
-
 // keepPodsReady does what a node agent would, for as long as the test runs: every pod in the namespace that
 // is not being deleted is made Running and Ready.
-func keepPodsReady(t *testing.T, c kubernetes.Interface) {
+func keepPodsReady(t *testing.T, c kubernetes.Interface, ns string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -30,7 +28,7 @@ func keepPodsReady(t *testing.T, c kubernetes.Interface) {
 	go func() {
 		defer close(done)
 		for ctx.Err() == nil {
-			list, err := c.CoreV1().Pods(deployNamespace).List(ctx, metav1.ListOptions{})
+			list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 			if err == nil {
 				for i := range list.Items {
 					pod := &list.Items[i]
@@ -40,7 +38,7 @@ func keepPodsReady(t *testing.T, c kubernetes.Interface) {
 					pod.Status.Phase = corev1.PodRunning
 					pod.Status.Conditions = append(slices.DeleteFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodReady }),
 						corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.Now()})
-					_, _ = c.CoreV1().Pods(deployNamespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{}) // a conflict is retried next round
+					_, _ = c.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{}) // a conflict is retried next round
 				}
 			}
 			select {
@@ -72,14 +70,14 @@ type podHistory struct {
 	seen     map[string]bool
 }
 
-func watchPods(t *testing.T, c kubernetes.Interface, app, oldHash string) *podHistory {
+func watchPods(t *testing.T, c kubernetes.Interface, ns, app, oldHash string) *podHistory {
 	t.Helper()
 	ctx := context.Background()
-	list, err := c.CoreV1().Pods(deployNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+	list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := c.CoreV1().Pods(deployNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: "app=" + app, ResourceVersion: list.ResourceVersion})
+	w, err := c.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: "app=" + app, ResourceVersion: list.ResourceVersion})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,9 +151,9 @@ func (h *podHistory) sawPods(t *testing.T, n int) {
 	}
 }
 
-func webDeployment(name, image string, replicas int32) *appsv1.Deployment {
+func webDeployment(ns, name, image string, replicas int32) *appsv1.Deployment {
 	return &appsv1.Deployment{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: deployNamespace, Annotations: map[string]string{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Annotations: map[string]string{
 			"team": "web", corev1.LastAppliedConfigAnnotation: "{}"}},
 		Spec: appsv1.DeploymentSpec{
 			Replicas: &replicas,
@@ -168,16 +166,16 @@ func webDeployment(name, image string, replicas int32) *appsv1.Deployment {
 	}
 }
 
-func updateDeployment(t *testing.T, c kubernetes.Interface, name string, change func(*appsv1.Deployment)) *appsv1.Deployment {
+func updateDeployment(t *testing.T, c kubernetes.Interface, ns, name string, change func(*appsv1.Deployment)) *appsv1.Deployment {
 	t.Helper()
 	var out *appsv1.Deployment
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		d, err := c.AppsV1().Deployments(deployNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		d, err := c.AppsV1().Deployments(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
 		change(d)
-		out, err = c.AppsV1().Deployments(deployNamespace).Update(context.Background(), d, metav1.UpdateOptions{})
+		out, err = c.AppsV1().Deployments(ns).Update(context.Background(), d, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
@@ -187,9 +185,9 @@ func updateDeployment(t *testing.T, c kubernetes.Interface, name string, change 
 }
 
 // ownedReplicaSets lists the Deployment's ReplicaSets, by name.
-func ownedReplicaSets(t *testing.T, c kubernetes.Interface, d *appsv1.Deployment) map[string]*appsv1.ReplicaSet {
+func ownedReplicaSets(t *testing.T, c kubernetes.Interface, ns string, d *appsv1.Deployment) map[string]*appsv1.ReplicaSet {
 	t.Helper()
-	list, err := c.AppsV1().ReplicaSets(deployNamespace).List(context.Background(), metav1.ListOptions{})
+	list, err := c.AppsV1().ReplicaSets(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,13 +203,13 @@ func ownedReplicaSets(t *testing.T, c kubernetes.Interface, d *appsv1.Deployment
 // waitRolloutDone waits for what kubectl rollout status waits for, plus the conditions Kubernetes sets on a
 // complete rollout, a ReplicaSet running image with all the replicas, and the others at zero. It returns the
 // Deployment and that ReplicaSet.
-func waitRolloutDone(t *testing.T, c kubernetes.Interface, name, image string) (*appsv1.Deployment, *appsv1.ReplicaSet) {
+func waitRolloutDone(t *testing.T, c kubernetes.Interface, ns, name, image string) (*appsv1.Deployment, *appsv1.ReplicaSet) {
 	t.Helper()
 	var d *appsv1.Deployment
 	var newRS *appsv1.ReplicaSet
 	waitFor(t, fmt.Sprintf("deployment %s to roll out %s", name, image), func() (bool, string) {
 		var err error
-		d, err = c.AppsV1().Deployments(deployNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		d, err = c.AppsV1().Deployments(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -225,7 +223,7 @@ func waitRolloutDone(t *testing.T, c kubernetes.Interface, name, image string) (
 			return false, fmt.Sprintf("conditions %+v", s.Conditions)
 		}
 		newRS = nil
-		for _, rs := range ownedReplicaSets(t, c, d) {
+		for _, rs := range ownedReplicaSets(t, c, ns, d) {
 			if rs.Spec.Template.Spec.Containers[0].Image == image {
 				newRS = rs
 			} else if *rs.Spec.Replicas != 0 || rs.Status.Replicas != 0 {
@@ -257,28 +255,34 @@ func setImage(image string) func(*appsv1.Deployment) {
 	return func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = image }
 }
 
-func startDeploymentServer(t *testing.T) kubernetes.Interface {
-	c := servertest.Start(t, 1)[0].Client
-	if _, err := c.CoreV1().Namespaces().Create(context.Background(), &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: deployNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
+// startDeploymentServer gives the test a namespace of its own, on the shared server or on one of its own,
+// whose pods are made Ready as a node agent would.
+func startDeploymentServer(t *testing.T, own bool) (kubernetes.Interface, string) {
+	t.Parallel()
+	var p *servertest.Peer
+	if own {
+		p = servertest.Start(t, 1)[0]
+	} else {
+		p = servertest.Shared(t)
 	}
-	keepPodsReady(t, c)
-	return c
+	ns := servertest.Namespace(t, p, "deploy")
+	keepPodsReady(t, p.Client, ns)
+	return p.Client, ns
 }
 
 // TestDeploymentRollingUpdate takes a Deployment through what kubectl users do: create, change the image,
 // roll back, scale, trim the history, pause and resume.
 func TestDeploymentRollingUpdate(t *testing.T) {
-	c := startDeploymentServer(t)
+	c, ns := startDeploymentServer(t, false)
 	ctx := context.Background()
-	d, err := c.AppsV1().Deployments(deployNamespace).Create(ctx, webDeployment("web", "nginx:1.27", 3), metav1.CreateOptions{})
+	d, err := c.AppsV1().Deployments(ns).Create(ctx, webDeployment(ns, "web", "nginx:1.27", 3), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	// One ReplicaSet, named after the template's hash, at revision 1, with the Deployment's annotations
 	// but not kubectl's last-applied one.
-	_, first := waitRolloutDone(t, c, "web", "nginx:1.27")
+	_, first := waitRolloutDone(t, c, ns, "web", "nginx:1.27")
 	hash := first.Labels[appsv1.DefaultDeploymentUniqueLabelKey]
 	if hash == "" || first.Name != "web-"+hash || first.Spec.Selector.MatchLabels[appsv1.DefaultDeploymentUniqueLabelKey] != hash ||
 		first.Spec.Template.Labels[appsv1.DefaultDeploymentUniqueLabelKey] != hash {
@@ -288,11 +292,11 @@ func TestDeploymentRollingUpdate(t *testing.T) {
 		a["deployment.kubernetes.io/max-replicas"] != "4" || a["team"] != "web" || a[corev1.LastAppliedConfigAnnotation] != "" {
 		t.Errorf("first replica set's annotations: %v", a)
 	}
-	if rss := ownedReplicaSets(t, c, d); len(rss) != 1 {
+	if rss := ownedReplicaSets(t, c, ns, d); len(rss) != 1 {
 		t.Fatalf("%d replica sets, want 1", len(rss))
 	}
 	waitFor(t, "a ScalingReplicaSet event", func() (bool, string) {
-		list, err := c.CoreV1().Events(deployNamespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=web,reason=ScalingReplicaSet"})
+		list, err := c.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=web,reason=ScalingReplicaSet"})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -306,9 +310,9 @@ func TestDeploymentRollingUpdate(t *testing.T) {
 
 	// A new image: a second ReplicaSet at revision 2. With 25% of 3, one pod may surge and none may be
 	// unavailable; the old ReplicaSet ends at zero and is kept.
-	history := watchPods(t, c, "web", "")
-	updateDeployment(t, c, "web", setImage("nginx:1.28"))
-	_, second := waitRolloutDone(t, c, "web", "nginx:1.28")
+	history := watchPods(t, c, ns, "web", "")
+	updateDeployment(t, c, ns, "web", setImage("nginx:1.28"))
+	_, second := waitRolloutDone(t, c, ns, "web", "nginx:1.28")
 	if second.Name == first.Name || second.Annotations["deployment.kubernetes.io/revision"] != "2" {
 		t.Errorf("second replica set %s at revision %q", second.Name, second.Annotations["deployment.kubernetes.io/revision"])
 	}
@@ -316,15 +320,15 @@ func TestDeploymentRollingUpdate(t *testing.T) {
 		t.Errorf("during the rollout: up to %d pods (at most 4 allowed), as few as %d ready (at least 3 required)", maxLive, minReady)
 	}
 	history.sawPods(t, 6)
-	if rss := ownedReplicaSets(t, c, d); len(rss) != 2 || rss[first.Name] == nil {
+	if rss := ownedReplicaSets(t, c, ns, d); len(rss) != 2 || rss[first.Name] == nil {
 		t.Errorf("replica sets after the rollout: %v", keys(rss))
 	}
 
 	// kubectl rollout undo puts the first template back: the first ReplicaSet is the new one again, at
 	// revision 3, remembering it was revision 1.
-	history = watchPods(t, c, "web", "")
-	updateDeployment(t, c, "web", setImage("nginx:1.27"))
-	d, back := waitRolloutDone(t, c, "web", "nginx:1.27")
+	history = watchPods(t, c, ns, "web", "")
+	updateDeployment(t, c, ns, "web", setImage("nginx:1.27"))
+	d, back := waitRolloutDone(t, c, ns, "web", "nginx:1.27")
 	if maxLive, minReady, _ := history.snapshot(); maxLive > 4 || minReady < 3 {
 		t.Errorf("during the rollback: up to %d pods (at most 4 allowed), as few as %d ready (at least 3 required)", maxLive, minReady)
 	}
@@ -334,21 +338,21 @@ func TestDeploymentRollingUpdate(t *testing.T) {
 	}
 
 	// Scaling.
-	updateDeployment(t, c, "web", func(d *appsv1.Deployment) { d.Spec.Replicas = ptr(int32(5)) })
-	_, scaled := waitRolloutDone(t, c, "web", "nginx:1.27")
+	updateDeployment(t, c, ns, "web", func(d *appsv1.Deployment) { d.Spec.Replicas = ptr(int32(5)) })
+	_, scaled := waitRolloutDone(t, c, ns, "web", "nginx:1.27")
 	if scaled.Name != first.Name || scaled.Annotations["deployment.kubernetes.io/desired-replicas"] != "5" ||
 		scaled.Annotations["deployment.kubernetes.io/max-replicas"] != "7" {
 		t.Errorf("after scaling: replica set %s, annotations %v", scaled.Name, scaled.Annotations)
 	}
 
 	// With a history of one, the oldest zero-sized ReplicaSet (the second, revision 2) goes.
-	updateDeployment(t, c, "web", func(d *appsv1.Deployment) {
+	updateDeployment(t, c, ns, "web", func(d *appsv1.Deployment) {
 		d.Spec.RevisionHistoryLimit = ptr(int32(1))
 		d.Spec.Template.Spec.Containers[0].Image = "nginx:1.29"
 	})
-	_, fourth := waitRolloutDone(t, c, "web", "nginx:1.29")
+	_, fourth := waitRolloutDone(t, c, ns, "web", "nginx:1.29")
 	waitFor(t, "the history to be trimmed to one", func() (bool, string) {
-		rss := ownedReplicaSets(t, c, d)
+		rss := ownedReplicaSets(t, c, ns, d)
 		return len(rss) == 2 && rss[first.Name] != nil && rss[fourth.Name] != nil, fmt.Sprint(keys(rss))
 	})
 	if fourth.Annotations["deployment.kubernetes.io/revision"] != "4" {
@@ -356,10 +360,10 @@ func TestDeploymentRollingUpdate(t *testing.T) {
 	}
 
 	// Paused: a new template makes no ReplicaSet, and Progressing says why; resumed, the rollout goes on.
-	updateDeployment(t, c, "web", func(d *appsv1.Deployment) { d.Spec.Paused = true })
-	paused := updateDeployment(t, c, "web", setImage("nginx:1.30"))
+	updateDeployment(t, c, ns, "web", func(d *appsv1.Deployment) { d.Spec.Paused = true })
+	paused := updateDeployment(t, c, ns, "web", setImage("nginx:1.30"))
 	waitFor(t, "the pause to be recorded", func() (bool, string) {
-		got, err := c.AppsV1().Deployments(deployNamespace).Get(ctx, "web", metav1.GetOptions{})
+		got, err := c.AppsV1().Deployments(ns).Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -370,14 +374,14 @@ func TestDeploymentRollingUpdate(t *testing.T) {
 	// (Paused, the Deployment trims its history counting the running ReplicaSet as old, since the template
 	// is no longer its: with a limit of one, the first goes. That is Kubernetes' behaviour too.)
 	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		for _, rs := range ownedReplicaSets(t, c, d) {
+		for _, rs := range ownedReplicaSets(t, c, ns, d) {
 			if rs.Spec.Template.Spec.Containers[0].Image == "nginx:1.30" {
 				t.Fatalf("paused, yet replica set %s was created for the new template", rs.Name)
 			}
 		}
 	}
-	updateDeployment(t, c, "web", func(d *appsv1.Deployment) { d.Spec.Paused = false })
-	_, fifth := waitRolloutDone(t, c, "web", "nginx:1.30")
+	updateDeployment(t, c, ns, "web", func(d *appsv1.Deployment) { d.Spec.Paused = false })
+	_, fifth := waitRolloutDone(t, c, ns, "web", "nginx:1.30")
 	if fifth.Annotations["deployment.kubernetes.io/revision"] != "5" {
 		t.Errorf("fifth replica set at revision %q", fifth.Annotations["deployment.kubernetes.io/revision"])
 	}
@@ -385,18 +389,20 @@ func TestDeploymentRollingUpdate(t *testing.T) {
 
 // TestDeploymentRecreate: the old pods are all gone before the first new one is created.
 func TestDeploymentRecreate(t *testing.T) {
-	c := startDeploymentServer(t)
+	// A server of its own: on the shared one the new ReplicaSet was not created within the test's 30 s
+	// after the old pods went (not understood yet).
+	c, ns := startDeploymentServer(t, true)
 	ctx := context.Background()
-	batch := webDeployment("batch", "busybox:1.36", 3)
+	batch := webDeployment(ns, "batch", "busybox:1.36", 3)
 	batch.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}
-	if _, err := c.AppsV1().Deployments(deployNamespace).Create(ctx, batch, metav1.CreateOptions{}); err != nil {
+	if _, err := c.AppsV1().Deployments(ns).Create(ctx, batch, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	_, first := waitRolloutDone(t, c, "batch", "busybox:1.36")
+	_, first := waitRolloutDone(t, c, ns, "batch", "busybox:1.36")
 
-	history := watchPods(t, c, "batch", first.Labels[appsv1.DefaultDeploymentUniqueLabelKey])
-	updateDeployment(t, c, "batch", setImage("busybox:1.37"))
-	_, second := waitRolloutDone(t, c, "batch", "busybox:1.37")
+	history := watchPods(t, c, ns, "batch", first.Labels[appsv1.DefaultDeploymentUniqueLabelKey])
+	updateDeployment(t, c, ns, "batch", setImage("busybox:1.37"))
+	_, second := waitRolloutDone(t, c, ns, "batch", "busybox:1.37")
 	if second.Annotations["deployment.kubernetes.io/revision"] != "2" {
 		t.Errorf("second replica set at revision %q", second.Annotations["deployment.kubernetes.io/revision"])
 	}

@@ -22,31 +22,29 @@ import (
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
-const pdbNamespace = "pdb-test"
-
-func budget(name string, mutate func(*policyv1.PodDisruptionBudget)) *policyv1.PodDisruptionBudget {
-	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: pdbNamespace},
+func budget(ns, name string, mutate func(*policyv1.PodDisruptionBudget)) *policyv1.PodDisruptionBudget {
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: policyv1.PodDisruptionBudgetSpec{Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}}}}
 	mutate(pdb)
 	return pdb
 }
 
 // markBudgetPodReady makes the pod Running, Ready or not, as its node agent would.
-func markBudgetPodReady(t *testing.T, c kubernetes.Interface, name string, ready bool) {
+func markBudgetPodReady(t *testing.T, c kubernetes.Interface, ns, name string, ready bool) {
 	t.Helper()
 	status := corev1.ConditionFalse
 	if ready {
 		status = corev1.ConditionTrue
 	}
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		pod, err := c.CoreV1().Pods(pdbNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		pod, err := c.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
 		pod.Status.Phase = corev1.PodRunning
 		pod.Status.Conditions = append(slices.DeleteFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodReady }),
 			corev1.PodCondition{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()})
-		_, err = c.CoreV1().Pods(pdbNamespace).UpdateStatus(context.Background(), pod, metav1.UpdateOptions{})
+		_, err = c.CoreV1().Pods(ns).UpdateStatus(context.Background(), pod, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
@@ -55,9 +53,9 @@ func markBudgetPodReady(t *testing.T, c kubernetes.Interface, name string, ready
 }
 
 // livePods are the names of the namespace's pods bound to a node and not being deleted, sorted.
-func livePods(t *testing.T, c kubernetes.Interface) []string {
+func livePods(t *testing.T, c kubernetes.Interface, ns string) []string {
 	t.Helper()
-	list, err := c.CoreV1().Pods(pdbNamespace).List(context.Background(), metav1.ListOptions{})
+	list, err := c.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,13 +71,13 @@ func livePods(t *testing.T, c kubernetes.Interface) []string {
 
 // waitForBudget waits until the budget's status has these counts, observed at its generation; an expected
 // count of -1 is not checked.
-func waitForBudget(t *testing.T, c kubernetes.Interface, name string, healthy, desired, expected, allowed int32) *policyv1.PodDisruptionBudget {
+func waitForBudget(t *testing.T, c kubernetes.Interface, ns, name string, healthy, desired, expected, allowed int32) *policyv1.PodDisruptionBudget {
 	t.Helper()
 	var pdb *policyv1.PodDisruptionBudget
 	want := fmt.Sprintf("healthy %d desired %d expected %d allowed %d", healthy, desired, expected, allowed)
 	waitFor(t, name+"'s status "+want, func() (bool, string) {
 		var err error
-		pdb, err = c.PolicyV1().PodDisruptionBudgets(pdbNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		pdb, err = c.PolicyV1().PodDisruptionBudgets(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -93,12 +91,12 @@ func waitForBudget(t *testing.T, c kubernetes.Interface, name string, healthy, d
 	return pdb
 }
 
-func evict(c kubernetes.Interface, pod string, dryRun bool) error {
-	e := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: pdbNamespace}}
+func evict(c kubernetes.Interface, ns, pod string, dryRun bool) error {
+	e := &policyv1.Eviction{ObjectMeta: metav1.ObjectMeta{Name: pod, Namespace: ns}}
 	if dryRun {
 		e.DeleteOptions = &metav1.DeleteOptions{DryRun: []string{metav1.DryRunAll}}
 	}
-	return c.PolicyV1().Evictions(pdbNamespace).Evict(context.Background(), e)
+	return c.PolicyV1().Evictions(ns).Evict(context.Background(), e)
 }
 
 // TestDisruptionBudgets checks PodDisruptionBudgets end to end in one server: Kubernetes' defaults and
@@ -107,12 +105,12 @@ func evict(c kubernetes.Interface, pod string, dryRun bool) error {
 // dry run spends nothing, one eviction is allowed, the next refused with 429 and Kubernetes' message, and
 // a pod covered by two budgets cannot be evicted (500).
 func TestDisruptionBudgets(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	t.Parallel()
+	p := servertest.Shared(t)
+	c := p.Client
+	ns := servertest.Namespace(t, p, "pdb")
 	ctx := context.Background()
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: pdbNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pdbs := c.PolicyV1().PodDisruptionBudgets(pdbNamespace)
+	pdbs := c.PolicyV1().PodDisruptionBudgets(ns)
 
 	t.Run("validation", func(t *testing.T) {
 		cases := []struct {
@@ -139,14 +137,14 @@ func TestDisruptionBudgets(t *testing.T) {
 		}
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
-				_, err := pdbs.Create(ctx, budget("bad-"+tc.name, tc.mutate), metav1.CreateOptions{})
+				_, err := pdbs.Create(ctx, budget(ns, "bad-"+tc.name, tc.mutate), metav1.CreateOptions{})
 				if got := causes(t, err); !slices.Equal(got, tc.fields) {
 					t.Errorf("causes %v, want %v (%v)", got, tc.fields, err)
 				}
 			})
 		}
 		// A create cannot set status; the generation starts at 1.
-		in := budget("status", func(p *policyv1.PodDisruptionBudget) {
+		in := budget(ns, "status", func(p *policyv1.PodDisruptionBudget) {
 			two := intstr.FromInt32(2)
 			p.Spec.MinAvailable = &two
 			p.Status.DisruptionsAllowed = 5
@@ -167,8 +165,8 @@ func TestDisruptionBudgets(t *testing.T) {
 	dsNode(t, c, "pdb-node", nil)
 	replicas := int32(3)
 	labels := map[string]string{"app": "web"}
-	_, err := c.AppsV1().ReplicaSets(pdbNamespace).Create(ctx, &appsv1.ReplicaSet{
-		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: pdbNamespace},
+	_, err := c.AppsV1().ReplicaSets(ns).Create(ctx, &appsv1.ReplicaSet{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
 		Spec: appsv1.ReplicaSetSpec{Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: labels},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "registry.local/web:1"}}}}},
@@ -178,28 +176,28 @@ func TestDisruptionBudgets(t *testing.T) {
 	}
 	var pods []string
 	waitFor(t, "3 pods bound", func() (bool, string) {
-		pods = livePods(t, c)
+		pods = livePods(t, c, ns)
 		return len(pods) == 3, strings.Join(pods, ",")
 	})
 	for _, p := range pods {
-		markBudgetPodReady(t, c, p, true)
+		markBudgetPodReady(t, c, ns, p, true)
 	}
 
 	two := intstr.FromInt32(2)
-	_, err = pdbs.Create(ctx, budget("web-min", func(p *policyv1.PodDisruptionBudget) { p.Spec.MinAvailable = &two }), metav1.CreateOptions{})
+	_, err = pdbs.Create(ctx, budget(ns, "web-min", func(p *policyv1.PodDisruptionBudget) { p.Spec.MinAvailable = &two }), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitForBudget(t, c, "web-min", 3, 2, 3, 1)
+	waitForBudget(t, c, ns, "web-min", 3, 2, 3, 1)
 
 	// A second budget over the same pods, maxUnavailable 50% of the ReplicaSet's 3 (rounded up): 1 needed.
 	half := intstr.FromString("50%")
-	_, err = pdbs.Create(ctx, budget("web-max", func(p *policyv1.PodDisruptionBudget) { p.Spec.MaxUnavailable = &half }), metav1.CreateOptions{})
+	_, err = pdbs.Create(ctx, budget(ns, "web-max", func(p *policyv1.PodDisruptionBudget) { p.Spec.MaxUnavailable = &half }), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitForBudget(t, c, "web-max", 3, 1, 3, 2)
-	err = evict(c, pods[0], false)
+	waitForBudget(t, c, ns, "web-max", 3, 1, 3, 2)
+	err = evict(c, ns, pods[0], false)
 	if code := statusCode(err); code != http.StatusInternalServerError || !strings.Contains(err.Error(), "more than one PodDisruptionBudget") {
 		t.Fatalf("evicting a pod of two budgets: %d %v, want 500", code, err)
 	}
@@ -208,7 +206,7 @@ func TestDisruptionBudgets(t *testing.T) {
 	}
 
 	// A dry run is allowed and spends nothing.
-	if err := evict(c, pods[0], true); err != nil {
+	if err := evict(c, ns, pods[0], true); err != nil {
 		t.Fatalf("dry-run eviction: %v", err)
 	}
 	pdb, err := pdbs.Get(ctx, "web-min", metav1.GetOptions{})
@@ -218,15 +216,15 @@ func TestDisruptionBudgets(t *testing.T) {
 	if pdb.Status.DisruptionsAllowed != 1 || len(pdb.Status.DisruptedPods) != 0 {
 		t.Errorf("after a dry run: allowed %d, disrupted %v", pdb.Status.DisruptionsAllowed, pdb.Status.DisruptedPods)
 	}
-	if got := livePods(t, c); !slices.Equal(got, pods) {
+	if got := livePods(t, c, ns); !slices.Equal(got, pods) {
 		t.Errorf("after a dry run, live pods %v, want %v", got, pods)
 	}
 
 	// One eviction is allowed: the pod is deleted with the DisruptionTarget condition and recorded.
-	if err := evict(c, pods[0], false); err != nil {
+	if err := evict(c, ns, pods[0], false); err != nil {
 		t.Fatalf("first eviction: %v", err)
 	}
-	pod, err := c.CoreV1().Pods(pdbNamespace).Get(ctx, pods[0], metav1.GetOptions{})
+	pod, err := c.CoreV1().Pods(ns).Get(ctx, pods[0], metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,17 +235,17 @@ func TestDisruptionBudgets(t *testing.T) {
 	}
 
 	// The next would break the budget: 429 with Kubernetes' message.
-	err = evict(c, pods[1], false)
+	err = evict(c, ns, pods[1], false)
 	if !apierrors.IsTooManyRequests(err) || !strings.Contains(err.Error(), "Cannot evict pod as it would violate the pod's disruption budget.") {
 		t.Fatalf("second eviction: %v, want 429", err)
 	}
-	if got := livePods(t, c); !slices.Contains(got, pods[1]) {
+	if got := livePods(t, c, ns); !slices.Contains(got, pods[1]) {
 		t.Errorf("refused eviction deleted %s: live %v", pods[1], got)
 	}
 	// The controller agrees: two healthy (the evicted pod is going, the ReplicaSet's replacement is not
 	// Ready), none to spare; minAvailable as a number expects every matching pod, those four included.
-	waitForBudget(t, c, "web-min", 2, 2, 4, 0)
-	err = evict(c, pods[2], false)
+	waitForBudget(t, c, ns, "web-min", 2, 2, 4, 0)
+	err = evict(c, ns, pods[2], false)
 	var status apierrors.APIStatus
 	if !apierrors.IsTooManyRequests(err) || !errors.As(err, &status) || status.Status().Details == nil || len(status.Status().Details.Causes) == 0 ||
 		status.Status().Details.Causes[0].Message != "The disruption budget web-min needs 2 healthy pods and has 2 currently" {
@@ -259,7 +257,7 @@ func TestDisruptionBudgets(t *testing.T) {
 	replacement := func(known ...string) string {
 		var name string
 		waitFor(t, "a replacement pod bound", func() (bool, string) {
-			live := livePods(t, c)
+			live := livePods(t, c, ns)
 			for _, p := range live {
 				if !slices.Contains(known, p) {
 					name = p
@@ -268,11 +266,11 @@ func TestDisruptionBudgets(t *testing.T) {
 			}
 			return false, strings.Join(live, ",")
 		})
-		markBudgetPodReady(t, c, name, false)
+		markBudgetPodReady(t, c, ns, name, false)
 		return name
 	}
 	unready := replacement(pods...)
-	if err := evict(c, unready, false); err != nil {
+	if err := evict(c, ns, unready, false); err != nil {
 		t.Fatalf("evicting an unready pod while the budget is met: %v", err)
 	}
 	pdb, err = pdbs.Get(ctx, "web-min", metav1.GetOptions{})
@@ -303,14 +301,14 @@ func TestDisruptionBudgets(t *testing.T) {
 	three := intstr.FromInt32(3)
 	change(func(p *policyv1.PodDisruptionBudget) { p.Spec.MinAvailable = &three })
 	unready = replacement(append(pods, unready)...)
-	waitForBudget(t, c, "web-min", 2, 3, -1, 0)
-	if err := evict(c, unready, false); !apierrors.IsTooManyRequests(err) {
+	waitForBudget(t, c, ns, "web-min", 2, 3, -1, 0)
+	if err := evict(c, ns, unready, false); !apierrors.IsTooManyRequests(err) {
 		t.Fatalf("evicting an unready pod while the budget is not met: %v, want 429", err)
 	}
 	always := policyv1.AlwaysAllow
 	change(func(p *policyv1.PodDisruptionBudget) { p.Spec.UnhealthyPodEvictionPolicy = &always })
-	waitForBudget(t, c, "web-min", 2, 3, -1, 0)
-	if err := evict(c, unready, false); err != nil {
+	waitForBudget(t, c, ns, "web-min", 2, 3, -1, 0)
+	if err := evict(c, ns, unready, false); err != nil {
 		t.Fatalf("evicting an unready pod under AlwaysAllow: %v", err)
 	}
 }

@@ -100,6 +100,8 @@ func endpointsState(t *testing.T, c kubernetes.Interface) string {
 // EndpointSlice and Endpoints, a pod whose deletion begins turns terminating at once, and the Service's
 // deletion takes its objects away.
 func TestEndpointControllers(t *testing.T) {
+	// A server of its own: its node would take the pods of the other tests' workloads.
+	t.Parallel()
 	c := servertest.Start(t, 1)[0].Client
 	ctx := context.Background()
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: epTestNamespace}}, metav1.CreateOptions{}); err != nil {

@@ -18,9 +18,12 @@ import (
 // TestEndpointSliceMirroring: the Endpoints a user writes for a Service without a selector are mirrored
 // into an EndpointSlice by Kubernetes' mirroring controller, follow its changes, and go with it.
 func TestEndpointSliceMirroring(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	t.Parallel()
+	p := servertest.Shared(t)
+	c := p.Client
+	ns := servertest.Namespace(t, p, "mirror")
 	ctx := context.Background()
-	if _, err := c.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "ext"},
+	if _, err := c.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "ext"},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Name: "http", Port: 80}}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -36,7 +39,7 @@ func TestEndpointSliceMirroring(t *testing.T) {
 	mirrored := func(want ...string) {
 		t.Helper()
 		proctest.WaitFor(t, fmt.Sprintf("slices mirroring %v", want), 20*time.Second, func() error {
-			list, err := c.DiscoveryV1().EndpointSlices("default").List(ctx, metav1.ListOptions{
+			list, err := c.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{
 				LabelSelector: discoveryv1.LabelServiceName + "=ext," + discoveryv1.LabelManagedBy + "=endpointslicemirroring-controller.k8s.io"})
 			if err != nil {
 				return err
@@ -57,20 +60,20 @@ func TestEndpointSliceMirroring(t *testing.T) {
 			return nil
 		})
 	}
-	if _, err := c.CoreV1().Endpoints("default").Create(ctx, endpoints("10.1.2.3"), metav1.CreateOptions{}); err != nil {
+	if _, err := c.CoreV1().Endpoints(ns).Create(ctx, endpoints("10.1.2.3"), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	mirrored("10.1.2.3")
-	ep, err := c.CoreV1().Endpoints("default").Get(ctx, "ext", metav1.GetOptions{})
+	ep, err := c.CoreV1().Endpoints(ns).Get(ctx, "ext", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ep.Subsets = endpoints("10.1.2.3", "10.1.2.4").Subsets
-	if _, err := c.CoreV1().Endpoints("default").Update(ctx, ep, metav1.UpdateOptions{}); err != nil {
+	if _, err := c.CoreV1().Endpoints(ns).Update(ctx, ep, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	mirrored("10.1.2.3", "10.1.2.4")
-	if err := c.CoreV1().Endpoints("default").Delete(ctx, "ext", metav1.DeleteOptions{}); err != nil {
+	if err := c.CoreV1().Endpoints(ns).Delete(ctx, "ext", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	mirrored()

@@ -19,9 +19,12 @@ import (
 // for the others, and an ownership cycle (a owns b owns c owns a, every reference blocking, as the
 // conformance suite's "not blocked by dependency circle" test makes it) is collected rather than deadlocked.
 func TestForegroundDeletion(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	// A server of its own: it waits on the garbage collector, whose rounds slow down as the objects of
+	// the tests sharing a server add up.
+	t.Parallel()
+	p := servertest.Start(t, 1)[0]
 	ctx := context.Background()
-	cms := c.CoreV1().ConfigMaps("default")
+	cms := p.Client.CoreV1().ConfigMaps(servertest.Namespace(t, p, "gc"))
 	create := func(name string, finalizers ...string) *corev1.ConfigMap {
 		cm, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name, Finalizers: finalizers}}, metav1.CreateOptions{})
 		if err != nil {
@@ -97,9 +100,12 @@ func TestForegroundDeletion(t *testing.T) {
 // conformance test "should not delete dependents that have both valid owner and owner that's waiting for
 // dependents to be deleted"); the owner's own dependents go, and then the owner.
 func TestForegroundDeletionKeepsDependentsOfOtherOwners(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	// A server of its own: it waits on the garbage collector, whose rounds slow down as the objects of
+	// the tests sharing a server add up.
+	t.Parallel()
+	p := servertest.Start(t, 1)[0]
 	ctx := context.Background()
-	cms := c.CoreV1().ConfigMaps("default")
+	cms := p.Client.CoreV1().ConfigMaps(servertest.Namespace(t, p, "gc"))
 	create := func(name string, owners ...*corev1.ConfigMap) *corev1.ConfigMap {
 		cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		for _, o := range owners {

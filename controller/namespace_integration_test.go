@@ -24,6 +24,9 @@ import (
 // remains and which finalizer holds it, and once the finalizer is gone the rest goes and so does the
 // namespace.
 func TestNamespaceDeletionOrderAndConditions(t *testing.T) {
+	// A server of its own: it waits on the garbage collector, whose rounds slow down as the objects of
+	// the tests sharing a server add up.
+	t.Parallel()
 	c := servertest.Start(t, 1)[0].Client
 	ctx := context.Background()
 	const ns = "ordered"

@@ -20,7 +20,8 @@ import (
 // Deployment's scale, raises it to the HPA's minReplicas, and writes the HPA's status through /status (the
 // desired replicas, the AbleToScale condition).
 func TestHorizontalPodAutoscaler(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	t.Parallel()
+	c := servertest.Shared(t).Client
 	ctx := context.Background()
 	const ns = "hpa-test"
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {

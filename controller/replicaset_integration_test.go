@@ -21,8 +21,6 @@ import (
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
-const rsNamespace = "rs-test"
-
 // waitFor polls cond until it reports true, failing the test with cond's last explanation at the deadline.
 func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 	t.Helper()
@@ -41,9 +39,9 @@ func waitFor(t *testing.T, what string, cond func() (bool, string)) {
 
 // controlledPods lists the pods whose controller is the ReplicaSet with this UID and that are not being
 // deleted.
-func controlledPods(t *testing.T, c kubernetes.Interface, uid types.UID) []corev1.Pod {
+func controlledPods(t *testing.T, c kubernetes.Interface, ns string, uid types.UID) []corev1.Pod {
 	t.Helper()
-	list, err := c.CoreV1().Pods(rsNamespace).List(context.Background(), metav1.ListOptions{})
+	list, err := c.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -66,26 +64,26 @@ func podNames(pods []corev1.Pod) []string {
 }
 
 // waitForControlled waits until exactly n live pods are controlled by the ReplicaSet, and returns them.
-func waitForControlled(t *testing.T, c kubernetes.Interface, rs *appsv1.ReplicaSet, n int) []corev1.Pod {
+func waitForControlled(t *testing.T, c kubernetes.Interface, ns string, rs *appsv1.ReplicaSet, n int) []corev1.Pod {
 	t.Helper()
 	var pods []corev1.Pod
 	waitFor(t, fmt.Sprintf("%d pods controlled by %s", n, rs.Name), func() (bool, string) {
-		pods = controlledPods(t, c, rs.UID)
+		pods = controlledPods(t, c, ns, rs.UID)
 		return len(pods) == n, fmt.Sprintf("%d pods: %v", len(pods), podNames(pods))
 	})
 	return pods
 }
 
-func updateReplicaSet(t *testing.T, c kubernetes.Interface, name string, change func(*appsv1.ReplicaSet)) *appsv1.ReplicaSet {
+func updateReplicaSet(t *testing.T, c kubernetes.Interface, ns, name string, change func(*appsv1.ReplicaSet)) *appsv1.ReplicaSet {
 	t.Helper()
 	var out *appsv1.ReplicaSet
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		rs, err := c.AppsV1().ReplicaSets(rsNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		rs, err := c.AppsV1().ReplicaSets(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
 		change(rs)
-		out, err = c.AppsV1().ReplicaSets(rsNamespace).Update(context.Background(), rs, metav1.UpdateOptions{})
+		out, err = c.AppsV1().ReplicaSets(ns).Update(context.Background(), rs, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
@@ -95,10 +93,10 @@ func updateReplicaSet(t *testing.T, c kubernetes.Interface, name string, change 
 }
 
 // markReady does what a node agent would: the pod runs and is Ready since readySince.
-func markReady(t *testing.T, c kubernetes.Interface, name string, readySince time.Time) {
+func markReady(t *testing.T, c kubernetes.Interface, ns, name string, readySince time.Time) {
 	t.Helper()
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		pod, err := c.CoreV1().Pods(rsNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		pod, err := c.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -106,7 +104,7 @@ func markReady(t *testing.T, c kubernetes.Interface, name string, readySince tim
 		ready := corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: metav1.NewTime(readySince)}
 		pod.Status.Conditions = slices.DeleteFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodReady })
 		pod.Status.Conditions = append(pod.Status.Conditions, ready)
-		_, err = c.CoreV1().Pods(rsNamespace).UpdateStatus(context.Background(), pod, metav1.UpdateOptions{})
+		_, err = c.CoreV1().Pods(ns).UpdateStatus(context.Background(), pod, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil {
@@ -114,9 +112,9 @@ func markReady(t *testing.T, c kubernetes.Interface, name string, readySince tim
 	}
 }
 
-func webReplicaSet(name string, replicas int32) *appsv1.ReplicaSet {
+func webReplicaSet(ns, name string, replicas int32) *appsv1.ReplicaSet {
 	return &appsv1.ReplicaSet{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: rsNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: appsv1.ReplicaSetSpec{
 			Replicas: &replicas,
 			Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": name}},
@@ -129,10 +127,10 @@ func webReplicaSet(name string, replicas int32) *appsv1.ReplicaSet {
 }
 
 // waitForEvent waits for an event on the ReplicaSet with this reason, from the replicaset controller.
-func waitForEvent(t *testing.T, c kubernetes.Interface, rsName, reason, messagePrefix string) {
+func waitForEvent(t *testing.T, c kubernetes.Interface, ns, rsName, reason, messagePrefix string) {
 	t.Helper()
 	waitFor(t, fmt.Sprintf("a %s event on %s", reason, rsName), func() (bool, string) {
-		list, err := c.CoreV1().Events(rsNamespace).List(context.Background(), metav1.ListOptions{
+		list, err := c.CoreV1().Events(ns).List(context.Background(), metav1.ListOptions{
 			FieldSelector: "involvedObject.name=" + rsName + ",reason=" + reason})
 		if err != nil {
 			return false, err.Error()
@@ -153,9 +151,9 @@ type creations struct {
 	names map[string]bool
 }
 
-func watchCreations(t *testing.T, c kubernetes.Interface, selector string) *creations {
+func watchCreations(t *testing.T, c kubernetes.Interface, ns, selector string) *creations {
 	t.Helper()
-	w, err := c.CoreV1().Pods(rsNamespace).Watch(context.Background(), metav1.ListOptions{LabelSelector: selector})
+	w, err := c.CoreV1().Pods(ns).Watch(context.Background(), metav1.ListOptions{LabelSelector: selector})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -181,10 +179,10 @@ func (cr *creations) count() int {
 
 // holdAt checks for a while that the ReplicaSet keeps exactly n pods, and that no more than created pods
 // were ever made.
-func holdAt(t *testing.T, c kubernetes.Interface, rs *appsv1.ReplicaSet, n int, cr *creations, created int) {
+func holdAt(t *testing.T, c kubernetes.Interface, ns string, rs *appsv1.ReplicaSet, n int, cr *creations, created int) {
 	t.Helper()
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		if pods := controlledPods(t, c, rs.UID); len(pods) != n {
+		if pods := controlledPods(t, c, ns, rs.UID); len(pods) != n {
 			t.Fatalf("%d pods for %d replicas: %v", len(pods), n, podNames(pods))
 		}
 	}
@@ -197,20 +195,22 @@ func holdAt(t *testing.T, c kubernetes.Interface, rs *appsv1.ReplicaSet, n int, 
 // without duplicates, scaling, replacement, adoption, release, readiness and availability, and garbage
 // collection of its pods when it is deleted.
 func TestReplicaSetController(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	// A server of its own: it waits on the garbage collector, whose rounds slow down as the objects of
+	// the tests sharing a server add up.
+	t.Parallel()
+	p := servertest.Start(t, 1)[0]
+	c := p.Client
+	ns := servertest.Namespace(t, p, "rs")
 	ctx := context.Background()
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: rsNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	created := watchCreations(t, c, "app=web")
-	rs, err := c.AppsV1().ReplicaSets(rsNamespace).Create(ctx, webReplicaSet("web", 3), metav1.CreateOptions{})
+	created := watchCreations(t, c, ns, "app=web")
+	rs, err := c.AppsV1().ReplicaSets(ns).Create(ctx, webReplicaSet(ns, "web", 3), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 
 	// Three pods, named after the ReplicaSet and controlled by it; and three they stay: a controller acting
 	// on a cache that lags its own creates would make more.
-	pods := waitForControlled(t, c, rs, 3)
+	pods := waitForControlled(t, c, ns, rs, 3)
 	for _, p := range pods {
 		ref := metav1.GetControllerOf(&p)
 		if p.GenerateName != "web-" || !strings.HasPrefix(p.Name, "web-") || ref.Kind != "ReplicaSet" || ref.APIVersion != "apps/v1" ||
@@ -218,26 +218,26 @@ func TestReplicaSetController(t *testing.T) {
 			t.Errorf("pod %s: generateName %q, labels %v, controller %+v", p.Name, p.GenerateName, p.Labels, ref)
 		}
 	}
-	holdAt(t, c, rs, 3, created, 3)
-	waitForEvent(t, c, "web", "SuccessfulCreate", "Created pod: web-")
+	holdAt(t, c, ns, rs, 3, created, 3)
+	waitForEvent(t, c, ns, "web", "SuccessfulCreate", "Created pod: web-")
 
 	// Scaling.
-	updateReplicaSet(t, c, "web", func(rs *appsv1.ReplicaSet) { rs.Spec.Replicas = ptr(int32(5)) })
-	waitForControlled(t, c, rs, 5)
-	holdAt(t, c, rs, 5, created, 5)
-	updateReplicaSet(t, c, "web", func(rs *appsv1.ReplicaSet) { rs.Spec.Replicas = ptr(int32(1)) })
-	waitForControlled(t, c, rs, 1)
-	waitForEvent(t, c, "web", "SuccessfulDelete", "Deleted pod: web-")
-	updateReplicaSet(t, c, "web", func(rs *appsv1.ReplicaSet) { rs.Spec.Replicas = ptr(int32(3)) })
-	pods = waitForControlled(t, c, rs, 3)
+	updateReplicaSet(t, c, ns, "web", func(rs *appsv1.ReplicaSet) { rs.Spec.Replicas = ptr(int32(5)) })
+	waitForControlled(t, c, ns, rs, 5)
+	holdAt(t, c, ns, rs, 5, created, 5)
+	updateReplicaSet(t, c, ns, "web", func(rs *appsv1.ReplicaSet) { rs.Spec.Replicas = ptr(int32(1)) })
+	waitForControlled(t, c, ns, rs, 1)
+	waitForEvent(t, c, ns, "web", "SuccessfulDelete", "Deleted pod: web-")
+	updateReplicaSet(t, c, ns, "web", func(rs *appsv1.ReplicaSet) { rs.Spec.Replicas = ptr(int32(3)) })
+	pods = waitForControlled(t, c, ns, rs, 3)
 
 	// A deleted pod is replaced.
 	victim := pods[0].Name
-	if err := c.CoreV1().Pods(rsNamespace).Delete(ctx, victim, metav1.DeleteOptions{}); err != nil {
+	if err := c.CoreV1().Pods(ns).Delete(ctx, victim, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the deleted pod to be replaced", func() (bool, string) {
-		names := podNames(controlledPods(t, c, rs.UID))
+		names := podNames(controlledPods(t, c, ns, rs.UID))
 		return len(names) == 3 && !slices.Contains(names, victim), fmt.Sprint(names)
 	})
 
@@ -245,21 +245,21 @@ func TestReplicaSetController(t *testing.T) {
 	// ranking keeps it and deletes one of the pending pods; it lacks the template's "tier" label, so it is
 	// not fully labelled. It is made to match only once ready, so that it cannot be taken before.
 	orphan := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "orphan", Namespace: rsNamespace, Labels: map[string]string{"app": "not-yet"}},
+		ObjectMeta: metav1.ObjectMeta{Name: "orphan", Namespace: ns, Labels: map[string]string{"app": "not-yet"}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "nginx:1.27"}}},
 	}
-	if _, err := c.CoreV1().Pods(rsNamespace).Create(ctx, orphan, metav1.CreateOptions{}); err != nil {
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, orphan, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	markReady(t, c, "orphan", time.Now().Add(-2*time.Hour))
-	if _, err := c.CoreV1().Pods(rsNamespace).Patch(ctx, "orphan", types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"web"}}}`), metav1.PatchOptions{}); err != nil {
+	markReady(t, c, ns, "orphan", time.Now().Add(-2*time.Hour))
+	if _, err := c.CoreV1().Pods(ns).Patch(ctx, "orphan", types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"web"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the orphan to be adopted and the surplus deleted", func() (bool, string) {
-		names := podNames(controlledPods(t, c, rs.UID))
+		names := podNames(controlledPods(t, c, ns, rs.UID))
 		return len(names) == 3 && slices.Contains(names, "orphan"), fmt.Sprint(names)
 	})
-	adopted, err := c.CoreV1().Pods(rsNamespace).Get(ctx, "orphan", metav1.GetOptions{})
+	adopted, err := c.CoreV1().Pods(ns).Get(ctx, "orphan", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -269,39 +269,39 @@ func TestReplicaSetController(t *testing.T) {
 
 	// A pod whose labels stop matching is released (and kept), and replaced.
 	var released string
-	for _, p := range controlledPods(t, c, rs.UID) {
+	for _, p := range controlledPods(t, c, ns, rs.UID) {
 		if p.Name != "orphan" {
 			released = p.Name
 			break
 		}
 	}
-	if _, err := c.CoreV1().Pods(rsNamespace).Patch(ctx, released, types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"elsewhere"}}}`), metav1.PatchOptions{}); err != nil {
+	if _, err := c.CoreV1().Pods(ns).Patch(ctx, released, types.MergePatchType, []byte(`{"metadata":{"labels":{"app":"elsewhere"}}}`), metav1.PatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the relabelled pod to be released and replaced", func() (bool, string) {
-		pod, err := c.CoreV1().Pods(rsNamespace).Get(ctx, released, metav1.GetOptions{})
+		pod, err := c.CoreV1().Pods(ns).Get(ctx, released, metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
-		names := podNames(controlledPods(t, c, rs.UID))
+		names := podNames(controlledPods(t, c, ns, rs.UID))
 		return len(pod.OwnerReferences) == 0 && len(names) == 3 && !slices.Contains(names, released),
 			fmt.Sprintf("released pod's owners %v; controlled %v", pod.OwnerReferences, names)
 	})
-	if err := c.CoreV1().Pods(rsNamespace).Delete(ctx, released, metav1.DeleteOptions{}); err != nil {
+	if err := c.CoreV1().Pods(ns).Delete(ctx, released, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 
 	// Readiness and availability. With minReadySeconds an hour, only the orphan (ready two hours ago) is
 	// available. Then the others are marked ready afresh and minReadySeconds lowered to two seconds: they
 	// become available two seconds later, with no event to prompt that sync.
-	rs = updateReplicaSet(t, c, "web", func(rs *appsv1.ReplicaSet) { rs.Spec.MinReadySeconds = 3600 })
-	for _, p := range controlledPods(t, c, rs.UID) {
+	rs = updateReplicaSet(t, c, ns, "web", func(rs *appsv1.ReplicaSet) { rs.Spec.MinReadySeconds = 3600 })
+	for _, p := range controlledPods(t, c, ns, rs.UID) {
 		if p.Name != "orphan" {
-			markReady(t, c, p.Name, time.Now())
+			markReady(t, c, ns, p.Name, time.Now())
 		}
 	}
 	waitFor(t, "the status to count ready and available pods", func() (bool, string) {
-		got, err := c.AppsV1().ReplicaSets(rsNamespace).Get(ctx, "web", metav1.GetOptions{})
+		got, err := c.AppsV1().ReplicaSets(ns).Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -313,14 +313,14 @@ func TestReplicaSetController(t *testing.T) {
 	if rs.Generation == 0 {
 		t.Logf("the API server does not set metadata.generation on ReplicaSets: observedGeneration proves little")
 	}
-	for _, p := range controlledPods(t, c, rs.UID) {
+	for _, p := range controlledPods(t, c, ns, rs.UID) {
 		if p.Name != "orphan" {
-			markReady(t, c, p.Name, time.Now())
+			markReady(t, c, ns, p.Name, time.Now())
 		}
 	}
-	rs = updateReplicaSet(t, c, "web", func(rs *appsv1.ReplicaSet) { rs.Spec.MinReadySeconds = 2 })
+	rs = updateReplicaSet(t, c, ns, "web", func(rs *appsv1.ReplicaSet) { rs.Spec.MinReadySeconds = 2 })
 	waitFor(t, "every ready pod to become available", func() (bool, string) {
-		got, err := c.AppsV1().ReplicaSets(rsNamespace).Get(ctx, "web", metav1.GetOptions{})
+		got, err := c.AppsV1().ReplicaSets(ns).Get(ctx, "web", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -330,11 +330,11 @@ func TestReplicaSetController(t *testing.T) {
 
 	// Deleted in the background, the ReplicaSet goes at once and the garbage collector takes its pods.
 	background := metav1.DeletePropagationBackground
-	if err := c.AppsV1().ReplicaSets(rsNamespace).Delete(ctx, "web", metav1.DeleteOptions{PropagationPolicy: &background}); err != nil {
+	if err := c.AppsV1().ReplicaSets(ns).Delete(ctx, "web", metav1.DeleteOptions{PropagationPolicy: &background}); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the ReplicaSet's pods to be collected", func() (bool, string) {
-		list, err := c.CoreV1().Pods(rsNamespace).List(ctx, metav1.ListOptions{})
+		list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -348,7 +348,7 @@ func TestReplicaSetController(t *testing.T) {
 		}
 		return len(left) == 0, fmt.Sprintf("pods left: %v", left)
 	})
-	if _, err := c.AppsV1().ReplicaSets(rsNamespace).Get(ctx, "web", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := c.AppsV1().ReplicaSets(ns).Get(ctx, "web", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the ReplicaSet is still there: %v", err)
 	}
 }
@@ -356,20 +356,20 @@ func TestReplicaSetController(t *testing.T) {
 // TestReplicaSetCreateFailure: when the API refuses the template's pods, the ReplicaSet says so (an event
 // and the ReplicaFailure condition), and recovers once the template is fixed.
 func TestReplicaSetCreateFailure(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	t.Parallel()
+	p := servertest.Shared(t)
+	c := p.Client
+	ns := servertest.Namespace(t, p, "rs")
 	ctx := context.Background()
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: rsNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	broken := webReplicaSet("broken", 2)
+	broken := webReplicaSet(ns, "broken", 2)
 	// A valid ReplicaSet whose pods priority admission refuses: the PriorityClass does not exist.
 	broken.Spec.Template.Spec.PriorityClassName = "no-such-class"
-	rs, err := c.AppsV1().ReplicaSets(rsNamespace).Create(ctx, broken, metav1.CreateOptions{})
+	rs, err := c.AppsV1().ReplicaSets(ns).Create(ctx, broken, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "the ReplicaFailure condition", func() (bool, string) {
-		got, err := c.AppsV1().ReplicaSets(rsNamespace).Get(ctx, "broken", metav1.GetOptions{})
+		got, err := c.AppsV1().ReplicaSets(ns).Get(ctx, "broken", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -380,14 +380,14 @@ func TestReplicaSetCreateFailure(t *testing.T) {
 		}
 		return false, fmt.Sprintf("conditions %+v", got.Status.Conditions)
 	})
-	waitForEvent(t, c, "broken", "FailedCreate", "Error creating: ")
+	waitForEvent(t, c, ns, "broken", "FailedCreate", "Error creating: ")
 
-	updateReplicaSet(t, c, "broken", func(rs *appsv1.ReplicaSet) {
+	updateReplicaSet(t, c, ns, "broken", func(rs *appsv1.ReplicaSet) {
 		rs.Spec.Template.Spec.PriorityClassName = ""
 	})
-	waitForControlled(t, c, rs, 2)
+	waitForControlled(t, c, ns, rs, 2)
 	waitFor(t, "the ReplicaFailure condition to clear", func() (bool, string) {
-		got, err := c.AppsV1().ReplicaSets(rsNamespace).Get(ctx, "broken", metav1.GetOptions{})
+		got, err := c.AppsV1().ReplicaSets(ns).Get(ctx, "broken", metav1.GetOptions{})
 		if err != nil {
 			return false, err.Error()
 		}

@@ -19,12 +19,12 @@ import (
 // defaults (selector and labels from the template, one replica), its pods made and counted by Kubernetes'
 // replication manager, /scale, field paths on bad input, and a v1 delete orphaning its pods.
 func TestReplicationManager(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	t.Parallel()
+	p := servertest.Shared(t)
+	c := p.Client
+	ns := servertest.Namespace(t, p, "rc")
 	ctx := context.Background()
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: rsNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	rcs := c.CoreV1().ReplicationControllers(rsNamespace)
+	rcs := c.CoreV1().ReplicationControllers(ns)
 	template := &corev1.PodTemplateSpec{
 		ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "legacy"}},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "web", Image: "nginx:1.27"}}},
@@ -49,7 +49,7 @@ func TestReplicationManager(t *testing.T) {
 	if scale.Spec.Replicas != 1 || scale.Status.Selector != "app=legacy" {
 		t.Fatalf("scale: %+v", scale)
 	}
-	if _, err := rcs.UpdateScale(ctx, "legacy", &autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: "legacy", Namespace: rsNamespace},
+	if _, err := rcs.UpdateScale(ctx, "legacy", &autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: "legacy", Namespace: ns},
 		Spec: autoscalingv1.ScaleSpec{Replicas: 3}}, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +81,7 @@ func TestReplicationManager(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, "the pods to be orphaned", func() (bool, string) {
-		list, err := c.CoreV1().Pods(rsNamespace).List(ctx, metav1.ListOptions{LabelSelector: "app=legacy"})
+		list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=legacy"})
 		if err != nil {
 			return false, err.Error()
 		}
@@ -100,7 +100,7 @@ func waitForRC(t *testing.T, c kubernetes.Interface, rc *corev1.ReplicationContr
 	t.Helper()
 	var pods []corev1.Pod
 	waitFor(t, fmt.Sprintf("%d pods controlled by %s", n, rc.Name), func() (bool, string) {
-		pods = controlledPods(t, c, rc.UID)
+		pods = controlledPods(t, c, rc.Namespace, rc.UID)
 		for _, p := range pods {
 			if ref := metav1.GetControllerOf(&p); ref.Kind != "ReplicationController" || ref.APIVersion != "v1" || !strings.HasPrefix(p.Name, rc.Name+"-") {
 				return false, fmt.Sprintf("pod %s controlled by %+v", p.Name, ref)

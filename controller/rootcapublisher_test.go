@@ -37,7 +37,8 @@ func waitForRootCA(t *testing.T, c kubernetes.Interface, ns, ca, not string) *co
 // TestRootCACertPublisher: every namespace, the system ones and new ones, holds kube-root-ca.crt with the
 // cluster CA that the API's serving certificate chains to, and gets it back after it is deleted or changed.
 func TestRootCACertPublisher(t *testing.T) {
-	p := servertest.Start(t, 1)[0]
+	t.Parallel()
+	p := servertest.Shared(t)
 	c, ca := p.Client, string(p.Config.CAData)
 	if ca == "" {
 		t.Fatal("the admin config has no CA")
@@ -46,20 +47,20 @@ func TestRootCACertPublisher(t *testing.T) {
 	for _, ns := range []string{"default", "kube-system"} {
 		waitForRootCA(t, c, ns, ca, "")
 	}
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}, metav1.CreateOptions{}); err != nil {
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "ca-team"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	first := waitForRootCA(t, c, "team-a", ca, "")
+	first := waitForRootCA(t, c, "ca-team", ca, "")
 	if first.Annotations["kubernetes.io/description"] == "" {
 		t.Errorf("no description annotation: %v", first.Annotations)
 	}
-	if err := c.CoreV1().ConfigMaps("team-a").Delete(ctx, "kube-root-ca.crt", metav1.DeleteOptions{}); err != nil {
+	if err := c.CoreV1().ConfigMaps("ca-team").Delete(ctx, "kube-root-ca.crt", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	second := waitForRootCA(t, c, "team-a", ca, string(first.UID))
+	second := waitForRootCA(t, c, "ca-team", ca, string(first.UID))
 	second.Data["ca.crt"] = "tampered"
-	if _, err := c.CoreV1().ConfigMaps("team-a").Update(ctx, second, metav1.UpdateOptions{}); err != nil {
+	if _, err := c.CoreV1().ConfigMaps("ca-team").Update(ctx, second, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitForRootCA(t, c, "team-a", ca, "")
+	waitForRootCA(t, c, "ca-team", ca, "")
 }

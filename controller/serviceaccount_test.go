@@ -30,21 +30,22 @@ func waitForDefaultAccount(t *testing.T, c kubernetes.Interface, ns string) *cor
 // TestDefaultServiceAccount: every namespace, the system ones and new ones, gets a "default"
 // ServiceAccount, and gets it back after it is deleted.
 func TestDefaultServiceAccount(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	t.Parallel()
+	c := servertest.Shared(t).Client
 	ctx := context.Background()
 	for _, ns := range []string{"default", "kube-system"} {
 		waitForDefaultAccount(t, c, ns)
 	}
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-a"}}, metav1.CreateOptions{}); err != nil {
+	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "sa-team"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	first := waitForDefaultAccount(t, c, "team-a")
-	if err := c.CoreV1().ServiceAccounts("team-a").Delete(ctx, "default", metav1.DeleteOptions{}); err != nil {
+	first := waitForDefaultAccount(t, c, "sa-team")
+	if err := c.CoreV1().ServiceAccounts("sa-team").Delete(ctx, "default", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		sa, err := c.CoreV1().ServiceAccounts("team-a").Get(ctx, "default", metav1.GetOptions{})
+		sa, err := c.CoreV1().ServiceAccounts("sa-team").Get(ctx, "default", metav1.GetOptions{})
 		if err == nil && sa.UID != first.UID {
 			break
 		}

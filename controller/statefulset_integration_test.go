@@ -25,14 +25,12 @@ import (
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
-const stsNamespace = "sts-test"
-
 // neverReady labels the pods that stsKubelets leave Pending.
 const neverReady = "never-ready"
 
-func statefulSet(name string, replicas int32, mutate func(*appsv1.StatefulSet)) *appsv1.StatefulSet {
+func statefulSet(ns, name string, replicas int32, mutate func(*appsv1.StatefulSet)) *appsv1.StatefulSet {
 	set := &appsv1.StatefulSet{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: stsNamespace},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: appsv1.StatefulSetSpec{
 			Replicas:    &replicas,
 			ServiceName: "svc",
@@ -61,10 +59,10 @@ type stsKubelets struct {
 	started map[types.UID]bool
 }
 
-func startStsKubelets(t *testing.T, c kubernetes.Interface, delay time.Duration) {
+func startStsKubelets(t *testing.T, c kubernetes.Interface, ns string, delay time.Duration) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	w, err := c.CoreV1().Pods(stsNamespace).Watch(ctx, metav1.ListOptions{})
+	w, err := c.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +78,7 @@ func startStsKubelets(t *testing.T, c kubernetes.Interface, delay time.Duration)
 			switch {
 			case pod.DeletionTimestamp != nil:
 				zero := int64(0)
-				err := c.CoreV1().Pods(stsNamespace).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero,
+				err := c.CoreV1().Pods(ns).Delete(ctx, pod.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero,
 					Preconditions: &metav1.Preconditions{UID: &pod.UID}})
 				if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) && ctx.Err() == nil {
 					t.Errorf("confirming the deletion of %s: %v", pod.Name, err)
@@ -113,7 +111,7 @@ func (k *stsKubelets) start(uid types.UID) bool {
 // run makes the pod Running and Ready now, if it is still the same pod.
 func (k *stsKubelets) run(ctx context.Context, t *testing.T, p *corev1.Pod) {
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		pod, err := k.c.CoreV1().Pods(stsNamespace).Get(ctx, p.Name, metav1.GetOptions{})
+		pod, err := k.c.CoreV1().Pods(p.Namespace).Get(ctx, p.Name, metav1.GetOptions{})
 		if err != nil || pod.UID != p.UID {
 			return err
 		}
@@ -121,7 +119,7 @@ func (k *stsKubelets) run(ctx context.Context, t *testing.T, p *corev1.Pod) {
 		pod.Status.Phase = corev1.PodRunning
 		pod.Status.Conditions = slices.DeleteFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodReady })
 		pod.Status.Conditions = append(pod.Status.Conditions, corev1.PodCondition{Type: corev1.PodReady, Status: corev1.ConditionTrue, LastTransitionTime: now})
-		_, err = k.c.CoreV1().Pods(stsNamespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+		_, err = k.c.CoreV1().Pods(p.Namespace).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 		return err
 	})
 	if err != nil && !apierrors.IsNotFound(err) && ctx.Err() == nil {
@@ -130,9 +128,9 @@ func (k *stsKubelets) run(ctx context.Context, t *testing.T, p *corev1.Pod) {
 }
 
 // setPods are the live pods of a StatefulSet by name.
-func setPods(t *testing.T, c kubernetes.Interface, name string) map[string]corev1.Pod {
+func setPods(t *testing.T, c kubernetes.Interface, ns, name string) map[string]corev1.Pod {
 	t.Helper()
-	list, err := c.CoreV1().Pods(stsNamespace).List(context.Background(), metav1.ListOptions{LabelSelector: "sts=" + name})
+	list, err := c.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "sts=" + name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,11 +154,11 @@ func describePods(pods map[string]corev1.Pod) string {
 }
 
 // waitForSetPods waits until the set's live pods are described as want.
-func waitForSetPods(t *testing.T, c kubernetes.Interface, name, want string) map[string]corev1.Pod {
+func waitForSetPods(t *testing.T, c kubernetes.Interface, ns, name, want string) map[string]corev1.Pod {
 	t.Helper()
 	var pods map[string]corev1.Pod
 	waitFor(t, fmt.Sprintf("%s's pods %s", name, want), func() (bool, string) {
-		pods = setPods(t, c, name)
+		pods = setPods(t, c, ns, name)
 		got := describePods(pods)
 		return got == want, got
 	})
@@ -168,10 +166,10 @@ func waitForSetPods(t *testing.T, c kubernetes.Interface, name, want string) map
 }
 
 // holdSetPods checks for two seconds that the set's live pods stay described as want.
-func holdSetPods(t *testing.T, c kubernetes.Interface, name, want string) {
+func holdSetPods(t *testing.T, c kubernetes.Interface, ns, name, want string) {
 	t.Helper()
 	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
-		if got := describePods(setPods(t, c, name)); got != want {
+		if got := describePods(setPods(t, c, ns, name)); got != want {
 			t.Fatalf("%s's pods %s, want %s", name, got, want)
 		}
 	}
@@ -179,16 +177,16 @@ func holdSetPods(t *testing.T, c kubernetes.Interface, name, want string) {
 
 // changeSet gets the StatefulSet afresh, changes it and updates it, again on a conflict (the controller
 // writes its status meanwhile).
-func changeSet(t *testing.T, c kubernetes.Interface, name string, change func(*appsv1.StatefulSet)) (*appsv1.StatefulSet, error) {
+func changeSet(t *testing.T, c kubernetes.Interface, ns, name string, change func(*appsv1.StatefulSet)) (*appsv1.StatefulSet, error) {
 	t.Helper()
 	var out *appsv1.StatefulSet
 	err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		set, err := c.AppsV1().StatefulSets(stsNamespace).Get(context.Background(), name, metav1.GetOptions{})
+		set, err := c.AppsV1().StatefulSets(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
 		change(set)
-		out, err = c.AppsV1().StatefulSets(stsNamespace).Update(context.Background(), set, metav1.UpdateOptions{})
+		out, err = c.AppsV1().StatefulSets(ns).Update(context.Background(), set, metav1.UpdateOptions{})
 		return err
 	})
 	return out, err
@@ -197,15 +195,15 @@ func changeSet(t *testing.T, c kubernetes.Interface, name string, change func(*a
 // TestStatefulSetAPI checks that StatefulSets get Kubernetes' defaults, validation (422 with field paths),
 // status rules and /scale.
 func TestStatefulSetAPI(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	t.Parallel()
+	p := servertest.Shared(t)
+	c := p.Client
+	ns := servertest.Namespace(t, p, "sts")
 	ctx := context.Background()
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: stsNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	sets := c.AppsV1().StatefulSets(stsNamespace)
+	sets := c.AppsV1().StatefulSets(ns)
 
 	t.Run("defaults", func(t *testing.T) {
-		in := statefulSet("defaults", 0, nil)
+		in := statefulSet(ns, "defaults", 0, nil)
 		in.Spec.Replicas = nil
 		in.Status.Replicas = 7 // a create cannot set status
 		set, err := sets.Create(ctx, in, metav1.CreateOptions{})
@@ -235,7 +233,7 @@ func TestStatefulSetAPI(t *testing.T) {
 
 		// A template change bumps generation and drops a status sent to the main resource; /status keeps
 		// the spec.
-		set, err = changeSet(t, c, "defaults", func(set *appsv1.StatefulSet) {
+		set, err = changeSet(t, c, ns, "defaults", func(set *appsv1.StatefulSet) {
 			set.Spec.Template.Spec.Containers[0].Image = "registry.local/web:2"
 			set.Status.CurrentRevision = "forged"
 		})
@@ -276,18 +274,18 @@ func TestStatefulSetAPI(t *testing.T) {
 		}
 		// Only replicas, template, updateStrategy, ordinals, minReadySeconds, revisionHistoryLimit and the
 		// retention policy may change; the others are immutable, each named in the error.
-		_, err = changeSet(t, c, "defaults", func(set *appsv1.StatefulSet) { set.Spec.PodManagementPolicy = appsv1.ParallelPodManagement })
+		_, err = changeSet(t, c, ns, "defaults", func(set *appsv1.StatefulSet) { set.Spec.PodManagementPolicy = appsv1.ParallelPodManagement })
 		if got := causes(t, err); !slices.Contains(got, "spec.podManagementPolicy") {
 			t.Errorf("podManagementPolicy change: causes %v", got)
 		}
-		_, err = changeSet(t, c, "defaults", func(set *appsv1.StatefulSet) { set.Spec.ServiceName = "other" })
+		_, err = changeSet(t, c, ns, "defaults", func(set *appsv1.StatefulSet) { set.Spec.ServiceName = "other" })
 		if got := causes(t, err); !slices.Contains(got, "spec.serviceName") {
 			t.Errorf("serviceName change: causes %v", got)
 		}
 	})
 
 	t.Run("scale", func(t *testing.T) {
-		if _, err := sets.Create(ctx, statefulSet("scaled", 2, nil), metav1.CreateOptions{}); err != nil {
+		if _, err := sets.Create(ctx, statefulSet(ns, "scaled", 2, nil), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		scale, err := sets.GetScale(ctx, "scaled", metav1.GetOptions{})
@@ -295,7 +293,7 @@ func TestStatefulSetAPI(t *testing.T) {
 			t.Fatalf("scale %+v, %v", scale, err)
 		}
 		err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
-			_, err := sets.UpdateScale(ctx, "scaled", &autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: "scaled", Namespace: stsNamespace},
+			_, err := sets.UpdateScale(ctx, "scaled", &autoscalingv1.Scale{ObjectMeta: metav1.ObjectMeta{Name: "scaled", Namespace: ns},
 				Spec: autoscalingv1.ScaleSpec{Replicas: 4}}, metav1.UpdateOptions{})
 			return err
 		})
@@ -310,7 +308,7 @@ func TestStatefulSetAPI(t *testing.T) {
 
 	t.Run("maxUnavailable kept", func(t *testing.T) {
 		two := intstr.FromInt32(2)
-		set, err := sets.Create(ctx, statefulSet("maxunavailable", 3, func(s *appsv1.StatefulSet) {
+		set, err := sets.Create(ctx, statefulSet(ns, "maxunavailable", 3, func(s *appsv1.StatefulSet) {
 			s.Spec.UpdateStrategy.RollingUpdate = &appsv1.RollingUpdateStatefulSetStrategy{MaxUnavailable: &two}
 		}), metav1.CreateOptions{})
 		if err != nil {
@@ -322,7 +320,7 @@ func TestStatefulSetAPI(t *testing.T) {
 	})
 
 	t.Run("volumeClaimTemplates", func(t *testing.T) {
-		set, err := sets.Create(ctx, statefulSet("claims", 1, func(s *appsv1.StatefulSet) {
+		set, err := sets.Create(ctx, statefulSet(ns, "claims", 1, func(s *appsv1.StatefulSet) {
 			s.Spec.Template.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
 			s.Spec.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{{ObjectMeta: metav1.ObjectMeta{Name: "data"},
 				Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
@@ -381,7 +379,7 @@ func TestStatefulSetAPI(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			_, err := sets.Create(ctx, statefulSet("invalid", 1, tc.mutate), metav1.CreateOptions{})
+			_, err := sets.Create(ctx, statefulSet(ns, "invalid", 1, tc.mutate), metav1.CreateOptions{})
 			if got := causes(t, err); !slices.Contains(got, tc.field) {
 				t.Errorf("causes %v, want %s among them", got, tc.field)
 			}
@@ -392,26 +390,26 @@ func TestStatefulSetAPI(t *testing.T) {
 // TestStatefulSetController runs Kubernetes' StatefulSet controller on a real server with a node registered
 // through the API and pods made Ready by fake kubelets.
 func TestStatefulSetController(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	t.Parallel()
+	p := servertest.Shared(t)
+	c := p.Client
+	ns := servertest.Namespace(t, p, "sts")
 	ctx := context.Background()
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: stsNamespace}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	waitFor(t, "the namespace's default service account", func() (bool, string) {
-		_, err := c.CoreV1().ServiceAccounts(stsNamespace).Get(ctx, "default", metav1.GetOptions{})
+		_, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
 		return err == nil, fmt.Sprint(err)
 	})
 	dsNode(t, c, "sts-a", nil)
-	startStsKubelets(t, c, 300*time.Millisecond)
-	sets := c.AppsV1().StatefulSets(stsNamespace)
+	startStsKubelets(t, c, ns, 300*time.Millisecond)
+	sets := c.AppsV1().StatefulSets(ns)
 
 	t.Run("OrderedReady creates pods in order, each Ready before the next", func(t *testing.T) {
-		w, err := c.CoreV1().Pods(stsNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: "sts=web"})
+		w, err := c.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: "sts=web"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer w.Stop()
-		if _, err := sets.Create(ctx, statefulSet("web", 3, nil), metav1.CreateOptions{}); err != nil {
+		if _, err := sets.Create(ctx, statefulSet(ns, "web", 3, nil), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		// Each creation is seen with the pods before it Ready.
@@ -441,7 +439,7 @@ func TestStatefulSetController(t *testing.T) {
 		if !slices.Equal(created, []string{"web-0", "web-1", "web-2"}) {
 			t.Errorf("pods created in the order %v, want web-0, web-1, web-2", created)
 		}
-		pods := waitForSetPods(t, c, "web", "web-0:web:1:true web-1:web:1:true web-2:web:1:true")
+		pods := waitForSetPods(t, c, ns, "web", "web-0:web:1:true web-1:web:1:true web-2:web:1:true")
 		for name, p := range pods {
 			if p.Spec.Hostname != name || p.Spec.Subdomain != "svc" || p.Labels[appsv1.StatefulSetPodNameLabel] != name ||
 				p.Labels[appsv1.PodIndexLabel] != strings.TrimPrefix(name, "web-") {
@@ -460,44 +458,44 @@ func TestStatefulSetController(t *testing.T) {
 	})
 
 	t.Run("OrderedReady waits for a pod that never gets Ready", func(t *testing.T) {
-		if _, err := sets.Create(ctx, statefulSet("stuck", 3, func(s *appsv1.StatefulSet) { s.Spec.Template.Labels[neverReady] = "x" }), metav1.CreateOptions{}); err != nil {
+		if _, err := sets.Create(ctx, statefulSet(ns, "stuck", 3, func(s *appsv1.StatefulSet) { s.Spec.Template.Labels[neverReady] = "x" }), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waitForSetPods(t, c, "stuck", "stuck-0:web:1:false")
-		holdSetPods(t, c, "stuck", "stuck-0:web:1:false")
+		waitForSetPods(t, c, ns, "stuck", "stuck-0:web:1:false")
+		holdSetPods(t, c, ns, "stuck", "stuck-0:web:1:false")
 	})
 
 	t.Run("Parallel creates all pods at once", func(t *testing.T) {
-		if _, err := sets.Create(ctx, statefulSet("par", 3, func(s *appsv1.StatefulSet) {
+		if _, err := sets.Create(ctx, statefulSet(ns, "par", 3, func(s *appsv1.StatefulSet) {
 			s.Spec.PodManagementPolicy = appsv1.ParallelPodManagement
 			s.Spec.Template.Labels[neverReady] = "x"
 		}), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waitForSetPods(t, c, "par", "par-0:web:1:false par-1:web:1:false par-2:web:1:false")
+		waitForSetPods(t, c, ns, "par", "par-0:web:1:false par-1:web:1:false par-2:web:1:false")
 	})
 
 	t.Run("a deleted pod comes back with its name", func(t *testing.T) {
-		old := setPods(t, c, "web")["web-1"]
-		if err := c.CoreV1().Pods(stsNamespace).Delete(ctx, "web-1", metav1.DeleteOptions{}); err != nil {
+		old := setPods(t, c, ns, "web")["web-1"]
+		if err := c.CoreV1().Pods(ns).Delete(ctx, "web-1", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		waitFor(t, "a new web-1", func() (bool, string) {
-			p, ok := setPods(t, c, "web")["web-1"]
+			p, ok := setPods(t, c, ns, "web")["web-1"]
 			return ok && p.UID != old.UID && podReady(&p), fmt.Sprintf("web-1 %s ready %v", p.UID, podReady(&p))
 		})
-		waitForSetPods(t, c, "web", "web-0:web:1:true web-1:web:1:true web-2:web:1:true")
+		waitForSetPods(t, c, ns, "web", "web-0:web:1:true web-1:web:1:true web-2:web:1:true")
 	})
 
 	t.Run("rolling update with a partition updates only the ordinals at or above it", func(t *testing.T) {
-		if _, err := changeSet(t, c, "web", func(s *appsv1.StatefulSet) {
+		if _, err := changeSet(t, c, ns, "web", func(s *appsv1.StatefulSet) {
 			s.Spec.UpdateStrategy.RollingUpdate = &appsv1.RollingUpdateStatefulSetStrategy{Partition: new(int32(2))}
 			s.Spec.Template.Spec.Containers[0].Image = "registry.local/web:2"
 		}); err != nil {
 			t.Fatal(err)
 		}
-		waitForSetPods(t, c, "web", "web-0:web:1:true web-1:web:1:true web-2:web:2:true")
-		holdSetPods(t, c, "web", "web-0:web:1:true web-1:web:1:true web-2:web:2:true")
+		waitForSetPods(t, c, ns, "web", "web-0:web:1:true web-1:web:1:true web-2:web:2:true")
+		holdSetPods(t, c, ns, "web", "web-0:web:1:true web-1:web:1:true web-2:web:2:true")
 		waitFor(t, "web's status during the partition", func() (bool, string) {
 			set, err := sets.Get(ctx, "web", metav1.GetOptions{})
 			if err != nil {
@@ -508,12 +506,12 @@ func TestStatefulSetController(t *testing.T) {
 		})
 
 		// Partition 0: the rest follow, from the highest ordinal down, one at a time.
-		w, err := c.CoreV1().Pods(stsNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: "sts=web"})
+		w, err := c.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: "sts=web"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer w.Stop()
-		if _, err := changeSet(t, c, "web", func(s *appsv1.StatefulSet) { s.Spec.UpdateStrategy.RollingUpdate.Partition = new(int32(0)) }); err != nil {
+		if _, err := changeSet(t, c, ns, "web", func(s *appsv1.StatefulSet) { s.Spec.UpdateStrategy.RollingUpdate.Partition = new(int32(0)) }); err != nil {
 			t.Fatal(err)
 		}
 		var deleted []string
@@ -531,7 +529,7 @@ func TestStatefulSetController(t *testing.T) {
 		if !slices.Equal(deleted, []string{"web-1", "web-0"}) {
 			t.Errorf("pods replaced in the order %v, want web-1, web-0", deleted)
 		}
-		waitForSetPods(t, c, "web", "web-0:web:2:true web-1:web:2:true web-2:web:2:true")
+		waitForSetPods(t, c, ns, "web", "web-0:web:2:true web-1:web:2:true web-2:web:2:true")
 		waitFor(t, "web rolled out", func() (bool, string) {
 			set, err := sets.Get(ctx, "web", metav1.GetOptions{})
 			if err != nil {
@@ -540,7 +538,7 @@ func TestStatefulSetController(t *testing.T) {
 			s := set.Status
 			return s.UpdatedReplicas == 3 && s.CurrentReplicas == 3 && s.CurrentRevision == s.UpdateRevision, fmt.Sprintf("%+v", s)
 		})
-		revs, err := c.AppsV1().ControllerRevisions(stsNamespace).List(ctx, metav1.ListOptions{LabelSelector: "sts=web"})
+		revs, err := c.AppsV1().ControllerRevisions(ns).List(ctx, metav1.ListOptions{LabelSelector: "sts=web"})
 		if err != nil || len(revs.Items) != 2 {
 			t.Fatalf("web's ControllerRevisions: %d, %v", len(revs.Items), err)
 		}
@@ -548,18 +546,18 @@ func TestStatefulSetController(t *testing.T) {
 
 	t.Run("maxUnavailable replaces that many pods at a time", func(t *testing.T) {
 		two := intstr.FromInt32(2)
-		if _, err := sets.Create(ctx, statefulSet("wide", 4, func(s *appsv1.StatefulSet) {
+		if _, err := sets.Create(ctx, statefulSet(ns, "wide", 4, func(s *appsv1.StatefulSet) {
 			s.Spec.UpdateStrategy.RollingUpdate = &appsv1.RollingUpdateStatefulSetStrategy{MaxUnavailable: &two}
 		}), metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waitForSetPods(t, c, "wide", "wide-0:web:1:true wide-1:web:1:true wide-2:web:1:true wide-3:web:1:true")
+		waitForSetPods(t, c, ns, "wide", "wide-0:web:1:true wide-1:web:1:true wide-2:web:1:true wide-3:web:1:true")
 		// Watch the pods: count those not Ready (or gone) at each moment.
-		list, err := c.CoreV1().Pods(stsNamespace).List(ctx, metav1.ListOptions{LabelSelector: "sts=wide"})
+		list, err := c.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "sts=wide"})
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, err := c.CoreV1().Pods(stsNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: "sts=wide", ResourceVersion: list.ResourceVersion})
+		w, err := c.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: "sts=wide", ResourceVersion: list.ResourceVersion})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -582,10 +580,10 @@ func TestStatefulSetController(t *testing.T) {
 			}
 			worst <- most
 		}()
-		if _, err := changeSet(t, c, "wide", func(s *appsv1.StatefulSet) { s.Spec.Template.Spec.Containers[0].Image = "registry.local/web:2" }); err != nil {
+		if _, err := changeSet(t, c, ns, "wide", func(s *appsv1.StatefulSet) { s.Spec.Template.Spec.Containers[0].Image = "registry.local/web:2" }); err != nil {
 			t.Fatal(err)
 		}
-		waitForSetPods(t, c, "wide", "wide-0:web:2:true wide-1:web:2:true wide-2:web:2:true wide-3:web:2:true")
+		waitForSetPods(t, c, ns, "wide", "wide-0:web:2:true wide-1:web:2:true wide-2:web:2:true wide-3:web:2:true")
 		w.Stop()
 		if n := <-worst; n != 2 {
 			t.Errorf("at most %d of 4 pods were unavailable during the update, want 2 (maxUnavailable)", n)
@@ -593,26 +591,26 @@ func TestStatefulSetController(t *testing.T) {
 	})
 
 	t.Run("OnDelete replaces only deleted pods", func(t *testing.T) {
-		if _, err := changeSet(t, c, "web", func(s *appsv1.StatefulSet) {
+		if _, err := changeSet(t, c, ns, "web", func(s *appsv1.StatefulSet) {
 			s.Spec.UpdateStrategy = appsv1.StatefulSetUpdateStrategy{Type: appsv1.OnDeleteStatefulSetStrategyType}
 			s.Spec.Template.Spec.Containers[0].Image = "registry.local/web:3"
 		}); err != nil {
 			t.Fatal(err)
 		}
-		holdSetPods(t, c, "web", "web-0:web:2:true web-1:web:2:true web-2:web:2:true")
-		if err := c.CoreV1().Pods(stsNamespace).Delete(ctx, "web-1", metav1.DeleteOptions{}); err != nil {
+		holdSetPods(t, c, ns, "web", "web-0:web:2:true web-1:web:2:true web-2:web:2:true")
+		if err := c.CoreV1().Pods(ns).Delete(ctx, "web-1", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		waitForSetPods(t, c, "web", "web-0:web:2:true web-1:web:3:true web-2:web:2:true")
+		waitForSetPods(t, c, ns, "web", "web-0:web:2:true web-1:web:3:true web-2:web:2:true")
 	})
 
 	t.Run("scale down removes the highest ordinal first", func(t *testing.T) {
-		w, err := c.CoreV1().Pods(stsNamespace).Watch(ctx, metav1.ListOptions{LabelSelector: "sts=web"})
+		w, err := c.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{LabelSelector: "sts=web"})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer w.Stop()
-		if _, err := changeSet(t, c, "web", func(s *appsv1.StatefulSet) { s.Spec.Replicas = new(int32(1)) }); err != nil {
+		if _, err := changeSet(t, c, ns, "web", func(s *appsv1.StatefulSet) { s.Spec.Replicas = new(int32(1)) }); err != nil {
 			t.Fatal(err)
 		}
 		var deleted []string
@@ -630,13 +628,13 @@ func TestStatefulSetController(t *testing.T) {
 		if !slices.Equal(deleted, []string{"web-2", "web-1"}) {
 			t.Errorf("pods removed in the order %v, want web-2, web-1", deleted)
 		}
-		waitForSetPods(t, c, "web", "web-0:web:2:true")
+		waitForSetPods(t, c, ns, "web", "web-0:web:2:true")
 	})
 
 	// The agents do not mount claims yet: the controller creates the claim of each ordinal, its pods are
 	// refused (FailedCreate), and the controller goes on with other sets.
 	t.Run("volumeClaimTemplates: a claim per pod, with the default class, mounted by the pod", func(t *testing.T) {
-		_, err := sets.Create(ctx, statefulSet("claims", 2, func(s *appsv1.StatefulSet) {
+		_, err := sets.Create(ctx, statefulSet(ns, "claims", 2, func(s *appsv1.StatefulSet) {
 			s.Spec.Template.Spec.Containers[0].VolumeMounts = []corev1.VolumeMount{{Name: "data", MountPath: "/data"}}
 			s.Spec.VolumeClaimTemplates = []corev1.PersistentVolumeClaim{{ObjectMeta: metav1.ObjectMeta{Name: "data"},
 				Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
@@ -646,7 +644,7 @@ func TestStatefulSetController(t *testing.T) {
 			t.Fatal(err)
 		}
 		waitFor(t, "the claim data-claims-0", func() (bool, string) {
-			pvc, err := c.CoreV1().PersistentVolumeClaims(stsNamespace).Get(ctx, "data-claims-0", metav1.GetOptions{})
+			pvc, err := c.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "data-claims-0", metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
@@ -657,7 +655,7 @@ func TestStatefulSetController(t *testing.T) {
 			return pvc.Labels["sts"] == "claims" && class == "local-path", fmt.Sprintf("labels %v, class %q", pvc.Labels, class)
 		})
 		waitFor(t, "pod claims-0 with its claim", func() (bool, string) {
-			pod, err := c.CoreV1().Pods(stsNamespace).Get(ctx, "claims-0", metav1.GetOptions{})
+			pod, err := c.CoreV1().Pods(ns).Get(ctx, "claims-0", metav1.GetOptions{})
 			if err != nil {
 				return false, err.Error()
 			}
@@ -669,9 +667,9 @@ func TestStatefulSetController(t *testing.T) {
 			return false, fmt.Sprintf("volumes %v", pod.Spec.Volumes)
 		})
 		// The controller still serves the others.
-		if _, err := changeSet(t, c, "web", func(s *appsv1.StatefulSet) { s.Spec.Replicas = new(int32(2)) }); err != nil {
+		if _, err := changeSet(t, c, ns, "web", func(s *appsv1.StatefulSet) { s.Spec.Replicas = new(int32(2)) }); err != nil {
 			t.Fatal(err)
 		}
-		waitForSetPods(t, c, "web", "web-0:web:2:true web-1:web:3:true")
+		waitForSetPods(t, c, ns, "web", "web-0:web:2:true web-1:web:3:true")
 	})
 }

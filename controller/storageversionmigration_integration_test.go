@@ -19,7 +19,8 @@ import (
 // resourceVersion and a count of the objects it patched; objects the store holds in the current form are not
 // written again (their resourceVersions stay).
 func TestStorageVersionMigration(t *testing.T) {
-	c := servertest.Start(t, 1)[0].Client
+	t.Parallel()
+	c := servertest.Shared(t).Client
 	ctx := context.Background()
 	const ns = "svm-test"
 	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {

@@ -1,8 +1,9 @@
 package e2e
 
 import (
-	"sync"
 	"testing"
+
+	"github.com/skiff-dev/skiff/internal/hostnetlock"
 )
 
 // The e2e tests run side by side (`go test -parallel`): each has its own processes, data directories and
@@ -11,10 +12,10 @@ import (
 // election, a pod starting, a failover), so running them together divides the suite's wall time without
 // changing what any test checks.
 //
-// hostNetwork is held by the tests whose real agents run in this machine's own network namespace: they share
-// the agent endpoint's port (10250), the default pod CIDR and the host's iptables, which TestLocalServices
-// counts before and after. Those tests take turns.
-var hostNetwork sync.Mutex
+// The tests whose real agents run in this machine's own network namespace take turns, with each other and with
+// the benchmark smoke's real agent (another process, beside them in `make test`): they share the agent
+// endpoint's port (10250), the default pod CIDR and the host's iptables, which TestLocalServices counts before
+// and after (internal/hostnetlock).
 
 // parallel marks a test that shares nothing with the others.
 func parallel(t *testing.T) {
@@ -26,6 +27,5 @@ func parallel(t *testing.T) {
 // later (cleanups run last in, first out), so an agent's teardown finishes before the next test starts one.
 func parallelOnHostNetwork(t *testing.T) {
 	t.Parallel()
-	hostNetwork.Lock()
-	t.Cleanup(hostNetwork.Unlock)
+	hostnetlock.Lock(t)
 }

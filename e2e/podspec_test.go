@@ -27,6 +27,7 @@ spec:
       exec: {command: ["cat", "/tmp/alive"]}
       periodSeconds: 1
       failureThreshold: 1
+      timeoutSeconds: 10 # the default 1 s: a busy machine fails the probe by its timeout, not its file
   containers:
   - name: app
     image: %[1]s

@@ -1,19 +1,29 @@
 // Package servertest starts in-process Skiff servers (Raft, gossip and the Kubernetes API, on loopback
-// ports) for integration tests, and hands back clients for their API. Everything it starts is shut down
+// ports) for integration tests, and hands back clients for their API. Everything Start starts is shut down
 // and its directories removed when the test ends.
+//
+// A server's start costs seconds of CPU under the race detector (its API groups, RBAC bootstrap, the
+// OpenAPI specs the aggregator gathers), and make test's unit phase is bound by CPU: the tests of a package
+// that need only an API with the controllers behind it share one server (Shared), each in namespaces of its
+// own (Namespace), and run side by side. A test that changes the server's configuration, stops or
+// partitions servers, or creates cluster-wide objects that other tests' controllers act on (nodes, say)
+// starts its own.
 package servertest
 
 import (
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
-	"crypto/rand"
+	cryptorand "crypto/rand"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -47,6 +57,20 @@ func Start(t testing.TB, n int) []*Peer { return StartWith(t, n, nil) }
 // StartWith is Start with a change to every server's configuration file, applied before it is resolved.
 func StartWith(t testing.TB, n int, mutate func(*config.ServerFile)) []*Peer {
 	t.Helper()
+	return start(t, n, mutate, lifetime{tempDir: t.TempDir, cleanup: t.Cleanup, log: testLog{t}})
+}
+
+// lifetime is where servers' directories, shutdowns and logs go: the test's (Start), or the package's
+// (Shared).
+type lifetime struct {
+	tempDir func() string
+	cleanup func(func())
+	log     io.Writer
+}
+
+// start starts the servers; t fails the start, life holds what outlives it.
+func start(t testing.TB, n int, mutate func(*config.ServerFile), life lifetime) []*Peer {
+	t.Helper()
 	ip := "127.0.0.1"
 	var files []*config.ServerFile
 	var joins []string
@@ -55,7 +79,7 @@ func StartWith(t testing.TB, n int, mutate func(*config.ServerFile)) []*Peer {
 	for i := 0; i < n; i++ {
 		gossip := freePort(t, ip)
 		f := &config.ServerFile{
-			Name: ptr(fmt.Sprintf("cp-%d", i)), DataDir: ptr(t.TempDir()), BindAddr: &ip, LogLevel: ptr("warn"),
+			Name: ptr(fmt.Sprintf("cp-%d", i)), DataDir: ptr(life.tempDir()), BindAddr: &ip, LogLevel: ptr("warn"),
 			Ports: &config.PortsBlock{API: ptr(freePort(t, ip)), Raft: ptr(freePort(t, ip)), Gossip: &gossip},
 			Server: &config.ServerBlock{
 				BootstrapExpect: &n, RetryInterval: ptr("100ms"), Token: &token,
@@ -78,18 +102,87 @@ func StartWith(t testing.TB, n int, mutate func(*config.ServerFile)) []*Peer {
 			t.Fatal(err)
 		}
 		cfg.RetryJoin = joins
-		logger := hclog.New(&hclog.LoggerOptions{Name: cfg.Name, Level: hclog.Warn, Output: testLog{t}})
+		logger := hclog.New(&hclog.LoggerOptions{Name: cfg.Name, Level: hclog.Warn, Output: life.log})
 		srv, err := server.New(cfg, logger, server.Options{LocalGossip: true})
 		if err != nil {
 			t.Fatalf("starting %s: %v", cfg.Name, err)
 		}
-		t.Cleanup(srv.Shutdown)
+		life.cleanup(srv.Shutdown)
 		peers = append(peers, &Peer{Server: srv})
 	}
 	for _, p := range peers {
 		p.Config, p.Client = waitForAPI(t, p.Server.KubeconfigPath())
 	}
 	return peers
+}
+
+// shared is the package's shared server (Shared) and what Main undoes after the package's tests.
+var shared struct {
+	sync.Mutex
+	peer     *Peer
+	cleanups []func()
+}
+
+// Shared returns the server that the tests of this package share, started by the first call; the package's
+// TestMain must run its tests through Main, which stops it. A test on it creates what it needs in namespaces
+// of its own (Namespace) and may run in parallel with the others. The server logs its warnings to stderr,
+// which go test shows when the package fails.
+func Shared(t testing.TB) *Peer {
+	t.Helper()
+	shared.Lock()
+	defer shared.Unlock()
+	if shared.peer == nil {
+		// A start that fails ends the calling test (and leaves peer nil: the next caller tries again).
+		life := lifetime{
+			tempDir: func() string {
+				dir, err := os.MkdirTemp("", "servertest-shared-")
+				if err != nil {
+					t.Fatal(err)
+				}
+				shared.cleanups = append(shared.cleanups, func() { os.RemoveAll(dir) })
+				return dir
+			},
+			cleanup: func(f func()) { shared.cleanups = append(shared.cleanups, f) },
+			log:     os.Stderr,
+		}
+		shared.peer = start(t, 1, nil, life)[0]
+	}
+	return shared.peer
+}
+
+// Main runs the package's tests, then stops the shared server (if a test started it) and removes its
+// directories, and exits with the tests' code. Call it from TestMain.
+func Main(m *testing.M) {
+	code := m.Run()
+	shared.Lock()
+	for i := len(shared.cleanups) - 1; i >= 0; i-- {
+		shared.cleanups[i]()
+	}
+	shared.Unlock()
+	os.Exit(code)
+}
+
+// Namespace creates a namespace of the test's own on p, named after prefix and unique, waits for its default
+// service account (pods are refused until the controller makes it), and deletes it at the test's cleanup.
+func Namespace(t testing.TB, p *Peer, prefix string) string {
+	t.Helper()
+	ctx := context.Background()
+	name := fmt.Sprintf("%s-%06x", prefix, rand.IntN(1<<24))
+	if _, err := p.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Client.CoreV1().Namespaces().Delete(ctx, name, metav1.DeleteOptions{}) })
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		_, err := p.Client.CoreV1().ServiceAccounts(name).Get(ctx, "default", metav1.GetOptions{})
+		if err == nil {
+			return name
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("namespace %s has no default service account after a minute: %v", name, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 func waitForAPI(t testing.TB, kubeconfig string) (*rest.Config, kubernetes.Interface) {
@@ -144,11 +237,11 @@ func NodeClientCert(t testing.TB, p *Peer, node string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	key, err := ecdsa.GenerateKey(elliptic.P256(), cryptorand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	der, err := x509.CreateCertificateRequest(rand.Reader, &x509.CertificateRequest{
+	der, err := x509.CreateCertificateRequest(cryptorand.Reader, &x509.CertificateRequest{
 		Subject: pkix.Name{CommonName: "system:node:" + node, Organization: []string{"system:nodes"}}}, key)
 	if err != nil {
 		t.Fatal(err)
