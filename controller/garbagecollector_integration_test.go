@@ -19,9 +19,9 @@ import (
 // for the others, and an ownership cycle (a owns b owns c owns a, every reference blocking, as the
 // conformance suite's "not blocked by dependency circle" test makes it) is collected rather than deadlocked.
 func TestForegroundDeletion(t *testing.T) {
-	// A server of its own: it waits on the garbage collector, whose rounds slow down as the objects of
-	// the tests sharing a server add up.
-	t.Parallel()
+	// A server of its own, and not beside the other tests (sequential tests run before the parallel ones):
+	// it waits on the garbage collector, which pauses ten times a round's wall time between rounds, so
+	// that a loaded machine (or the objects of tests sharing a server) stretches collection past its bounds.
 	p := servertest.Start(t, 1)[0]
 	ctx := context.Background()
 	cms := p.Client.CoreV1().ConfigMaps(servertest.Namespace(t, p, "gc"))
@@ -100,9 +100,9 @@ func TestForegroundDeletion(t *testing.T) {
 // conformance test "should not delete dependents that have both valid owner and owner that's waiting for
 // dependents to be deleted"); the owner's own dependents go, and then the owner.
 func TestForegroundDeletionKeepsDependentsOfOtherOwners(t *testing.T) {
-	// A server of its own: it waits on the garbage collector, whose rounds slow down as the objects of
-	// the tests sharing a server add up.
-	t.Parallel()
+	// A server of its own, and not beside the other tests (sequential tests run before the parallel ones):
+	// it waits on the garbage collector, which pauses ten times a round's wall time between rounds, so
+	// that a loaded machine (or the objects of tests sharing a server) stretches collection past its bounds.
 	p := servertest.Start(t, 1)[0]
 	ctx := context.Background()
 	cms := p.Client.CoreV1().ConfigMaps(servertest.Namespace(t, p, "gc"))
