@@ -255,16 +255,11 @@ func setImage(image string) func(*appsv1.Deployment) {
 	return func(d *appsv1.Deployment) { d.Spec.Template.Spec.Containers[0].Image = image }
 }
 
-// startDeploymentServer gives the test a namespace of its own, on the shared server or on one of its own,
-// whose pods are made Ready as a node agent would.
-func startDeploymentServer(t *testing.T, own bool) (kubernetes.Interface, string) {
+// startDeploymentServer gives the test a namespace of its own on the shared server, whose pods are made
+// Ready as a node agent would.
+func startDeploymentServer(t *testing.T) (kubernetes.Interface, string) {
 	t.Parallel()
-	var p *servertest.Peer
-	if own {
-		p = servertest.Start(t, 1)[0]
-	} else {
-		p = servertest.Shared(t)
-	}
+	p := servertest.Shared(t)
 	ns := servertest.Namespace(t, p, "deploy")
 	keepPodsReady(t, p.Client, ns)
 	return p.Client, ns
@@ -273,7 +268,7 @@ func startDeploymentServer(t *testing.T, own bool) (kubernetes.Interface, string
 // TestDeploymentRollingUpdate takes a Deployment through what kubectl users do: create, change the image,
 // roll back, scale, trim the history, pause and resume.
 func TestDeploymentRollingUpdate(t *testing.T) {
-	c, ns := startDeploymentServer(t, false)
+	c, ns := startDeploymentServer(t)
 	ctx := context.Background()
 	d, err := c.AppsV1().Deployments(ns).Create(ctx, webDeployment(ns, "web", "nginx:1.27", 3), metav1.CreateOptions{})
 	if err != nil {
@@ -389,9 +384,7 @@ func TestDeploymentRollingUpdate(t *testing.T) {
 
 // TestDeploymentRecreate: the old pods are all gone before the first new one is created.
 func TestDeploymentRecreate(t *testing.T) {
-	// A server of its own: on the shared one the new ReplicaSet was not created within the test's 30 s
-	// after the old pods went (not understood yet).
-	c, ns := startDeploymentServer(t, true)
+	c, ns := startDeploymentServer(t)
 	ctx := context.Background()
 	batch := webDeployment(ns, "batch", "busybox:1.36", 3)
 	batch.Spec.Strategy = appsv1.DeploymentStrategy{Type: appsv1.RecreateDeploymentStrategyType}

@@ -105,8 +105,10 @@ func evict(c kubernetes.Interface, ns, pod string, dryRun bool) error {
 // dry run spends nothing, one eviction is allowed, the next refused with 429 and Kubernetes' message, and
 // a pod covered by two budgets cannot be evicted (500).
 func TestDisruptionBudgets(t *testing.T) {
+	// A server of its own: its node would take the pods of the other tests' workloads, whose deletion then
+	// waits for a kubelet that is not there.
 	t.Parallel()
-	p := servertest.Shared(t)
+	p := servertest.Start(t, 1)[0]
 	c := p.Client
 	ns := servertest.Namespace(t, p, "pdb")
 	ctx := context.Background()

@@ -390,15 +390,13 @@ func TestStatefulSetAPI(t *testing.T) {
 // TestStatefulSetController runs Kubernetes' StatefulSet controller on a real server with a node registered
 // through the API and pods made Ready by fake kubelets.
 func TestStatefulSetController(t *testing.T) {
+	// A server of its own: its node would take the pods of the other tests' workloads, whose deletion then
+	// waits for a kubelet that is not there.
 	t.Parallel()
-	p := servertest.Shared(t)
+	p := servertest.Start(t, 1)[0]
 	c := p.Client
 	ns := servertest.Namespace(t, p, "sts")
 	ctx := context.Background()
-	waitFor(t, "the namespace's default service account", func() (bool, string) {
-		_, err := c.CoreV1().ServiceAccounts(ns).Get(ctx, "default", metav1.GetOptions{})
-		return err == nil, fmt.Sprint(err)
-	})
 	dsNode(t, c, "sts-a", nil)
 	startStsKubelets(t, c, ns, 300*time.Millisecond)
 	sets := c.AppsV1().StatefulSets(ns)

@@ -6,8 +6,9 @@
 // OpenAPI specs the aggregator gathers), and make test's unit phase is bound by CPU: the tests of a package
 // that need only an API with the controllers behind it share one server (Shared), each in namespaces of its
 // own (Namespace), and run side by side. A test that changes the server's configuration, stops or
-// partitions servers, or creates cluster-wide objects that other tests' controllers act on (nodes, say)
-// starts its own.
+// partitions servers, or creates cluster-wide objects that other tests' controllers act on starts its own:
+// a node, say, on which the scheduler then binds the other tests' pods, whose deletion waits for a kubelet
+// that is not there.
 package servertest
 
 import (
