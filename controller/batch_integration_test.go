@@ -123,10 +123,8 @@ func createJob(t *testing.T, c kubernetes.Interface, ns string, j *batchv1.Job) 
 // TestJobController runs Kubernetes' Job, CronJob and TTL-after-finished controllers on a real server, with
 // the test doing the node agent's part (ending pods with an exit code).
 func TestJobController(t *testing.T) {
-	// A server of its own: it waits on the garbage collector, whose rounds slow down as the objects of
-	// the tests sharing a server add up.
 	t.Parallel()
-	p := servertest.Start(t, 1)[0]
+	p := servertest.Shared(t)
 	c := p.Client
 	ns := servertest.Namespace(t, p, "job")
 	ctx := context.Background()

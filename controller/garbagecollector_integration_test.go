@@ -19,10 +19,8 @@ import (
 // for the others, and an ownership cycle (a owns b owns c owns a, every reference blocking, as the
 // conformance suite's "not blocked by dependency circle" test makes it) is collected rather than deadlocked.
 func TestForegroundDeletion(t *testing.T) {
-	// A server of its own, and not beside the other tests (sequential tests run before the parallel ones):
-	// it waits on the garbage collector, which pauses ten times a round's wall time between rounds, so
-	// that a loaded machine (or the objects of tests sharing a server) stretches collection past its bounds.
-	p := servertest.Start(t, 1)[0]
+	t.Parallel()
+	p := servertest.Shared(t)
 	ctx := context.Background()
 	cms := p.Client.CoreV1().ConfigMaps(servertest.Namespace(t, p, "gc"))
 	create := func(name string, finalizers ...string) *corev1.ConfigMap {
@@ -100,10 +98,8 @@ func TestForegroundDeletion(t *testing.T) {
 // conformance test "should not delete dependents that have both valid owner and owner that's waiting for
 // dependents to be deleted"); the owner's own dependents go, and then the owner.
 func TestForegroundDeletionKeepsDependentsOfOtherOwners(t *testing.T) {
-	// A server of its own, and not beside the other tests (sequential tests run before the parallel ones):
-	// it waits on the garbage collector, which pauses ten times a round's wall time between rounds, so
-	// that a loaded machine (or the objects of tests sharing a server) stretches collection past its bounds.
-	p := servertest.Start(t, 1)[0]
+	t.Parallel()
+	p := servertest.Shared(t)
 	ctx := context.Background()
 	cms := p.Client.CoreV1().ConfigMaps(servertest.Namespace(t, p, "gc"))
 	create := func(name string, owners ...*corev1.ConfigMap) *corev1.ConfigMap {

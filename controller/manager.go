@@ -148,7 +148,7 @@ type controllerEntry struct {
 // controllers is the table of controllers the manager runs.
 var controllers = []controllerEntry{
 	{"namespace", "namespace-controller", buildNamespaceController},
-	{"garbage-collector", "generic-garbage-collector", runsAlone(runGarbageCollector)},
+	{"garbage-collector", "generic-garbage-collector", buildGarbageCollector},
 	{"serviceaccount", "service-account-controller", buildServiceAccountController},
 	{"node-lifecycle", "node-controller", runsAlone(runNodeLifecycle)},
 	{"replicaset", "replicaset-controller", buildReplicaSetController},

@@ -24,21 +24,16 @@ import (
 // remains and which finalizer holds it, and once the finalizer is gone the rest goes and so does the
 // namespace.
 func TestNamespaceDeletionOrderAndConditions(t *testing.T) {
-	// A server of its own: it waits on the garbage collector, whose rounds slow down as the objects of
-	// the tests sharing a server add up.
 	t.Parallel()
-	c := servertest.Start(t, 1)[0].Client
+	p := servertest.Shared(t)
+	c := p.Client
 	ctx := context.Background()
-	const ns = "ordered"
-	if _, err := c.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	ns := servertest.Namespace(t, p, "ordered")
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "held", Finalizers: []string{"e2e.example.com/finalizer"}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "pause"}}}}
-	proctest.WaitFor(t, "the pod created (once the default service account exists)", 20*time.Second, func() error {
-		_, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{})
-		return err
-	})
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := c.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "cm"}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -195,10 +195,8 @@ func holdAt(t *testing.T, c kubernetes.Interface, ns string, rs *appsv1.ReplicaS
 // without duplicates, scaling, replacement, adoption, release, readiness and availability, and garbage
 // collection of its pods when it is deleted.
 func TestReplicaSetController(t *testing.T) {
-	// A server of its own: it waits on the garbage collector, whose rounds slow down as the objects of
-	// the tests sharing a server add up.
 	t.Parallel()
-	p := servertest.Start(t, 1)[0]
+	p := servertest.Shared(t)
 	c := p.Client
 	ns := servertest.Namespace(t, p, "rs")
 	ctx := context.Background()
