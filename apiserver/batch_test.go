@@ -64,14 +64,16 @@ func invalidAt(t *testing.T, what string, err error, field string) {
 // sent with the create is dropped.
 func TestJobDefaults(t *testing.T) {
 	t.Parallel()
-	c := servertest.Start(t, 1)[0].Client
+	shared := servertest.Shared(t)
+	c := shared.Client
+	ns := servertest.Namespace(t, shared, "jobdefaults")
 	ctx := context.Background()
 	sent := batchJob("defaults", func(j *batchv1.Job) {
 		j.Status.Succeeded = 5
 		j.Spec.Suspend = nil
 		j.Spec.Template.Spec.Containers[0].Image = "registry.invalid/never:1"
 	})
-	j, err := c.BatchV1().Jobs("default").Create(ctx, sent, metav1.CreateOptions{})
+	j, err := c.BatchV1().Jobs(ns).Create(ctx, sent, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -101,7 +103,7 @@ func TestJobDefaults(t *testing.T) {
 	}
 
 	// An Indexed Job with a pod failure policy: podReplacementPolicy Failed.
-	j, err = c.BatchV1().Jobs("default").Create(ctx, batchJob("indexed", func(j *batchv1.Job) {
+	j, err = c.BatchV1().Jobs(ns).Create(ctx, batchJob("indexed", func(j *batchv1.Job) {
 		j.Spec.CompletionMode = ptr(batchv1.IndexedCompletion)
 		j.Spec.Completions = ptr(int32(3))
 		j.Spec.PodFailurePolicy = &batchv1.PodFailurePolicy{Rules: []batchv1.PodFailurePolicyRule{{Action: batchv1.PodFailurePolicyActionIgnore,
@@ -115,7 +117,7 @@ func TestJobDefaults(t *testing.T) {
 	}
 
 	// CronJobs: concurrencyPolicy Allow, suspend false, history limits 3 and 1; the Job template defaulted.
-	cj, err := c.BatchV1().CronJobs("default").Create(ctx, &batchv1.CronJob{
+	cj, err := c.BatchV1().CronJobs(ns).Create(ctx, &batchv1.CronJob{
 		ObjectMeta: metav1.ObjectMeta{Name: "nightly"},
 		Spec:       batchv1.CronJobSpec{Schedule: "@daily", JobTemplate: batchv1.JobTemplateSpec{Spec: batchJob("", nil).Spec}},
 	}, metav1.CreateOptions{})
@@ -135,9 +137,11 @@ var nfsVolume = []corev1.Volume{{Name: "data", VolumeSource: corev1.VolumeSource
 // the template.
 func TestJobValidation(t *testing.T) {
 	t.Parallel()
-	c := servertest.Start(t, 1)[0].Client
+	shared := servertest.Shared(t)
+	c := shared.Client
+	ns := servertest.Namespace(t, shared, "jobvalid")
 	ctx := context.Background()
-	jobs := c.BatchV1().Jobs("default")
+	jobs := c.BatchV1().Jobs(ns)
 	cases := []struct {
 		name   string
 		change func(*batchv1.Job)
@@ -187,7 +191,7 @@ func TestJobValidation(t *testing.T) {
 	_, err = jobs.Patch(ctx, "fixed", types.MergePatchType, []byte(`{"spec":{"completions":4}}`), metav1.PatchOptions{})
 	invalidAt(t, "completions change", err, "spec.completions")
 
-	crons := c.BatchV1().CronJobs("default")
+	crons := c.BatchV1().CronJobs(ns)
 	cron := func(schedule string, tz *string) *batchv1.CronJob {
 		return &batchv1.CronJob{ObjectMeta: metav1.ObjectMeta{Name: "cron"},
 			Spec: batchv1.CronJobSpec{Schedule: schedule, TimeZone: tz, JobTemplate: batchv1.JobTemplateSpec{Spec: batchJob("", nil).Spec}}}
@@ -218,10 +222,11 @@ func TestJobValidation(t *testing.T) {
 // `kubectl get jobs`' columns and the status.successful field selector are kube-apiserver's.
 func TestJobStatusRules(t *testing.T) {
 	t.Parallel()
-	p := servertest.Start(t, 1)[0]
+	p := servertest.Shared(t)
+	ns := servertest.Namespace(t, p, "jobstatus")
 	c := p.Client
 	ctx := context.Background()
-	jobs := c.BatchV1().Jobs("default")
+	jobs := c.BatchV1().Jobs(ns)
 	// A Job managed by another controller (spec.managedBy), so that Skiff's Job controller leaves its status
 	// to this test.
 	j, err := jobs.Create(ctx, batchJob("external", func(j *batchv1.Job) {
@@ -258,7 +263,7 @@ func TestJobStatusRules(t *testing.T) {
 
 	// Table columns.
 	table := &metav1.Table{}
-	err = c.BatchV1().RESTClient().Get().Namespace("default").Resource("jobs").Name("external").
+	err = c.BatchV1().RESTClient().Get().Namespace(ns).Resource("jobs").Name("external").
 		SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").Do(ctx).Into(table)
 	if err != nil {
 		t.Fatal(err)
@@ -273,20 +278,20 @@ func TestJobStatusRules(t *testing.T) {
 	if cells := table.Rows[0].Cells; cells[1] != "Complete" || cells[2] != "1/1" || cells[3] != "0s" {
 		t.Fatalf("row %v; want Complete, 1/1, 0s", cells)
 	}
-	deleteOrphans(t, c)
+	deleteOrphans(t, c, ns)
 }
 
-// deleteOrphans: deleting a batch/v1 Job without a propagation policy orphans its pods, as in Kubernetes
+// deleteOrphans: deleting the batch/v1 Job "external" in ns without a propagation policy orphans its pods, as in Kubernetes
 // (kube's strategy's default for batch/v1); with Background they go with it.
-func deleteOrphans(t *testing.T, c kubernetes.Interface) {
+func deleteOrphans(t *testing.T, c kubernetes.Interface, ns string) {
 	ctx := context.Background()
-	j, err := c.BatchV1().Jobs("default").Get(ctx, "external", metav1.GetOptions{})
+	j, err := c.BatchV1().Jobs(ns).Get(ctx, "external", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// A dependent the Job controller leaves alone (no controller reference, labels outside the selector):
 	// one it controlled would be an active pod of a finished Job, which the controller deletes itself.
-	pod, err := c.CoreV1().Pods("default").Create(ctx, &corev1.Pod{
+	pod, err := c.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: "external-pod", OwnerReferences: []metav1.OwnerReference{{
 			APIVersion: "batch/v1", Kind: "Job", Name: j.Name, UID: j.UID}}},
 		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "i"}}},
@@ -294,14 +299,14 @@ func deleteOrphans(t *testing.T, c kubernetes.Interface) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := c.BatchV1().Jobs("default").Delete(ctx, j.Name, metav1.DeleteOptions{}); err != nil {
+	if err := c.BatchV1().Jobs(ns).Delete(ctx, j.Name, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	proctest.WaitFor(t, "the job gone and its pod orphaned", 30*time.Second, func() error {
-		if _, err := c.BatchV1().Jobs("default").Get(ctx, j.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		if _, err := c.BatchV1().Jobs(ns).Get(ctx, j.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("job: %v", err)
 		}
-		p, err := c.CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+		p, err := c.CoreV1().Pods(ns).Get(ctx, pod.Name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -316,12 +321,14 @@ func deleteOrphans(t *testing.T, c kubernetes.Interface) {
 // configuration is ignored), and a second apply by another manager conflicts on the fields the first owns.
 func TestJobServerSideApply(t *testing.T) {
 	t.Parallel()
-	c := servertest.Start(t, 1)[0].Client
+	shared := servertest.Shared(t)
+	c := shared.Client
+	ns := servertest.Namespace(t, shared, "jobapply")
 	ctx := context.Background()
 	cron := []byte(`{"apiVersion":"batch/v1","kind":"CronJob","metadata":{"name":"ssa"},"spec":{"schedule":"@hourly",
 		"jobTemplate":{"spec":{"template":{"spec":{"restartPolicy":"Never","containers":[{"name":"c","image":"busybox"}]}}}}},
 		"status":{"active":[{"name":"x"}]}}`)
-	cj, err := c.BatchV1().CronJobs("default").Patch(ctx, "ssa", types.ApplyPatchType, cron, metav1.PatchOptions{FieldManager: "first"})
+	cj, err := c.BatchV1().CronJobs(ns).Patch(ctx, "ssa", types.ApplyPatchType, cron, metav1.PatchOptions{FieldManager: "first"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -330,11 +337,11 @@ func TestJobServerSideApply(t *testing.T) {
 	}
 	job := []byte(`{"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"ssa"},"spec":{"suspend":true,"parallelism":2,
 		"template":{"spec":{"restartPolicy":"Never","containers":[{"name":"c","image":"busybox"}]}}}}`)
-	if _, err := c.BatchV1().Jobs("default").Patch(ctx, "ssa", types.ApplyPatchType, job, metav1.PatchOptions{FieldManager: "first"}); err != nil {
+	if _, err := c.BatchV1().Jobs(ns).Patch(ctx, "ssa", types.ApplyPatchType, job, metav1.PatchOptions{FieldManager: "first"}); err != nil {
 		t.Fatal(err)
 	}
 	other := []byte(`{"apiVersion":"batch/v1","kind":"Job","metadata":{"name":"ssa"},"spec":{"parallelism":3}}`)
-	if _, err := c.BatchV1().Jobs("default").Patch(ctx, "ssa", types.ApplyPatchType, other, metav1.PatchOptions{FieldManager: "second"}); !apierrors.IsConflict(err) {
+	if _, err := c.BatchV1().Jobs(ns).Patch(ctx, "ssa", types.ApplyPatchType, other, metav1.PatchOptions{FieldManager: "second"}); !apierrors.IsConflict(err) {
 		t.Fatalf("a second manager changing parallelism: %v, want 409 Conflict", err)
 	}
 }

@@ -29,7 +29,8 @@ import (
 // collection through ownerReferences both ways between custom and built-in objects, and namespace deletion.
 func TestCustomResourcesFirstClass(t *testing.T) {
 	t.Parallel()
-	peer := servertest.Start(t, 1)[0]
+	peer := servertest.Shared(t)
+	ns := servertest.Namespace(t, peer, "crfirst")
 	ctx := context.Background()
 	client := peer.Client
 	crds := apiextensionsclient.NewForConfigOrDie(peer.Config).ApiextensionsV1().CustomResourceDefinitions()
@@ -49,7 +50,7 @@ func TestCustomResourcesFirstClass(t *testing.T) {
 		}
 	}
 	proctest.WaitFor(t, "crontabs served", 30*time.Second, func() error {
-		_, err := dyn.Resource(gvr).Namespace("default").List(ctx, metav1.ListOptions{})
+		_, err := dyn.Resource(gvr).Namespace(ns).List(ctx, metav1.ListOptions{})
 		return err
 	})
 
@@ -159,7 +160,7 @@ func TestCustomResourcesFirstClass(t *testing.T) {
 			t.Fatalf("an allowed crontab: %v", err)
 		}
 		// Outside the binding's namespace the policy does not apply.
-		if _, err := dyn.Resource(gvr).Namespace("default").Create(ctx, crontab("unbound", "docker.io/backup:1"), metav1.CreateOptions{}); err != nil {
+		if _, err := dyn.Resource(gvr).Namespace(ns).Create(ctx, crontab("unbound", "docker.io/backup:1"), metav1.CreateOptions{}); err != nil {
 			t.Fatalf("a crontab outside the binding: %v", err)
 		}
 	})
@@ -172,7 +173,7 @@ func TestCustomResourcesFirstClass(t *testing.T) {
 		}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := client.RbacV1().RoleBindings("default").Create(ctx, &rbacv1.RoleBinding{
+		if _, err := client.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{
 			ObjectMeta: metav1.ObjectMeta{Name: "alice-edit"},
 			RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit"},
 			Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: "User", Name: "alice"}},
@@ -182,7 +183,7 @@ func TestCustomResourcesFirstClass(t *testing.T) {
 		proctest.WaitFor(t, "edit to allow alice to create crontabs", 30*time.Second, func() error {
 			review, err := client.AuthorizationV1().SubjectAccessReviews().Create(ctx, &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{
 				User: "alice", ResourceAttributes: &authorizationv1.ResourceAttributes{
-					Namespace: "default", Verb: "create", Group: "stable.example.com", Resource: "crontabs"}}}, metav1.CreateOptions{})
+					Namespace: ns, Verb: "create", Group: "stable.example.com", Resource: "crontabs"}}}, metav1.CreateOptions{})
 			if err != nil {
 				return err
 			}
@@ -195,17 +196,17 @@ func TestCustomResourcesFirstClass(t *testing.T) {
 
 	t.Run("garbage collection", func(t *testing.T) {
 		t.Parallel()
-		crontabs := dyn.Resource(gvr).Namespace("default")
+		crontabs := dyn.Resource(gvr).Namespace(ns)
 		owner, err := crontabs.Create(ctx, crontab("owner", "backup:1"), metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		// A ConfigMap owned by a custom resource, and a custom resource owned by a ConfigMap.
-		if _, err := client.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owned",
+		if _, err := client.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "owned",
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: "stable.example.com/v1", Kind: "CronTab", Name: "owner", UID: owner.GetUID()}}}}, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		cm, err := client.CoreV1().ConfigMaps("default").Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "parent"}}, metav1.CreateOptions{})
+		cm, err := client.CoreV1().ConfigMaps(ns).Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "parent"}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -217,11 +218,11 @@ func TestCustomResourcesFirstClass(t *testing.T) {
 		if err := crontabs.Delete(ctx, "owner", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := client.CoreV1().ConfigMaps("default").Delete(ctx, "parent", metav1.DeleteOptions{}); err != nil {
+		if err := client.CoreV1().ConfigMaps(ns).Delete(ctx, "parent", metav1.DeleteOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		proctest.WaitFor(t, "the dependents collected", 60*time.Second, func() error {
-			if _, err := client.CoreV1().ConfigMaps("default").Get(ctx, "owned", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			if _, err := client.CoreV1().ConfigMaps(ns).Get(ctx, "owned", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 				return fmt.Errorf("the ConfigMap owned by a CronTab: %v", err)
 			}
 			if _, err := crontabs.Get(ctx, "child", metav1.GetOptions{}); !apierrors.IsNotFound(err) {

@@ -17,9 +17,11 @@ import (
 // metadata and status writes leave it alone, whatever generation the client sends.
 func TestGeneration(t *testing.T) {
 	t.Parallel()
-	c := servertest.Start(t, 1)[0].Client
+	shared := servertest.Shared(t)
+	c := shared.Client
+	ns := servertest.Namespace(t, shared, "generation")
 	ctx := context.Background()
-	rsClient := c.AppsV1().ReplicaSets("default")
+	rsClient := c.AppsV1().ReplicaSets(ns)
 	labels := map[string]string{"app": "gen"}
 	rs, err := rsClient.Create(ctx, &appsv1.ReplicaSet{
 		ObjectMeta: metav1.ObjectMeta{Name: "gen", Generation: 7},

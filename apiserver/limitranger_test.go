@@ -22,10 +22,12 @@ import (
 // with Kubernetes' messages.
 func TestLimitRanger(t *testing.T) {
 	t.Parallel()
-	c := servertest.Start(t, 1)[0].Client
+	shared := servertest.Shared(t)
+	c := shared.Client
+	ns := servertest.Namespace(t, shared, "limitranger")
 	ctx := context.Background()
 	q := resource.MustParse
-	lr, err := c.CoreV1().LimitRanges("default").Create(ctx, &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "limits"},
+	lr, err := c.CoreV1().LimitRanges(ns).Create(ctx, &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "limits"},
 		Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{
 			{Type: corev1.LimitTypeContainer, Max: corev1.ResourceList{corev1.ResourceCPU: q("1")},
 				Min:                  corev1.ResourceList{corev1.ResourceMemory: q("8Mi")},
@@ -51,9 +53,9 @@ func TestLimitRanger(t *testing.T) {
 	}
 	var got *corev1.Pod
 	proctest.WaitFor(t, "the LimitRange in the server's informer", 10*time.Second, func() error {
-		c.CoreV1().Pods("default").Delete(ctx, "plain", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
+		c.CoreV1().Pods(ns).Delete(ctx, "plain", metav1.DeleteOptions{GracePeriodSeconds: new(int64)})
 		var err error
-		got, err = c.CoreV1().Pods("default").Create(ctx, pod("plain", container("app", nil, nil)), metav1.CreateOptions{})
+		got, err = c.CoreV1().Pods(ns).Create(ctx, pod("plain", container("app", nil, nil)), metav1.CreateOptions{})
 		if err == nil && got.Spec.Containers[0].Resources.Limits == nil {
 			return errors.New("not defaulted yet")
 		}
@@ -81,12 +83,12 @@ func TestLimitRanger(t *testing.T) {
 		{"pod over max", pod("wide", container("a", nil, corev1.ResourceList{corev1.ResourceMemory: q("150Mi")}), container("b", nil, corev1.ResourceList{corev1.ResourceMemory: q("150Mi")})),
 			"maximum memory usage per Pod is 200Mi, but limit is 300Mi"},
 	} {
-		_, err := c.CoreV1().Pods("default").Create(ctx, tt.pod, metav1.CreateOptions{})
+		_, err := c.CoreV1().Pods(ns).Create(ctx, tt.pod, metav1.CreateOptions{})
 		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%s: %v, want 403 with %q", tt.name, err, tt.want)
 		}
 	}
-	_, err = c.CoreV1().PersistentVolumeClaims("default").Create(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "tiny"},
+	_, err = c.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "tiny"},
 		Spec: corev1.PersistentVolumeClaimSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: q("500Mi")}}}}, metav1.CreateOptions{})
 	if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "minimum storage usage per PersistentVolumeClaim is 1Gi, but request is 500Mi") {

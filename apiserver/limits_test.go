@@ -23,19 +23,20 @@ import (
 // TestRequestBodyLimit checks that a body over 3 MiB gets 413 with a Status body, and nothing is stored.
 func TestRequestBodyLimit(t *testing.T) {
 	t.Parallel()
-	peers := servertest.Start(t, 1)
+	peer := servertest.Shared(t)
+	ns := servertest.Namespace(t, peer, "bodylimit")
 	ctx := context.Background()
-	client := peers[0].Client
+	client := peer.Client
 
 	big := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "big"}, Data: map[string]string{"blob": strings.Repeat("x", 4<<20)}}
-	_, err := client.CoreV1().ConfigMaps("default").Create(ctx, big, metav1.CreateOptions{})
+	_, err := client.CoreV1().ConfigMaps(ns).Create(ctx, big, metav1.CreateOptions{})
 	if !apierrors.IsRequestEntityTooLargeError(err) {
 		t.Fatalf("4 MiB ConfigMap: got %v, want 413", err)
 	}
 	if status, ok := err.(apierrors.APIStatus); !ok || status.Status().Code != http.StatusRequestEntityTooLarge {
 		t.Fatalf("4 MiB ConfigMap: status %+v", err)
 	}
-	if _, err := client.CoreV1().ConfigMaps("default").Get(ctx, "big", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+	if _, err := client.CoreV1().ConfigMaps(ns).Get(ctx, "big", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("the refused ConfigMap was stored: %v", err)
 	}
 }

@@ -26,14 +26,16 @@ import (
 // (package apiserver/admission) adds to a new pod passes the pod's validation, with its name.
 func TestServiceAccountTokenVolumeValidates(t *testing.T) {
 	t.Parallel()
-	c := servertest.Start(t, 1)[0].Client
+	shared := servertest.Shared(t)
+	c := shared.Client
+	ns := servertest.Namespace(t, shared, "satoken")
 	pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "token"}, Spec: corev1.PodSpec{
 		RestartPolicy: corev1.RestartPolicyAlways, Containers: []corev1.Container{{Name: "app", Image: "busybox"}}}}
 	var got *corev1.Pod
 	// The default account comes with the namespace, from the serviceaccount controller.
 	proctest.WaitFor(t, "the pod created", 10*time.Second, func() error {
 		var err error
-		got, err = c.CoreV1().Pods("default").Create(context.Background(), pod, metav1.CreateOptions{})
+		got, err = c.CoreV1().Pods(ns).Create(context.Background(), pod, metav1.CreateOptions{})
 		return err
 	})
 	for _, v := range got.Spec.Volumes {
@@ -51,14 +53,15 @@ func TestServiceAccountTokenVolumeValidates(t *testing.T) {
 // credentials the documents are refused.
 func TestServiceAccountIssuerDiscovery(t *testing.T) {
 	t.Parallel()
-	peer := servertest.Start(t, 1)[0]
+	peer := servertest.Shared(t)
+	ns := servertest.Namespace(t, peer, "saissuer")
 	c, ctx := peer.Client, context.Background()
 	proctest.WaitFor(t, "the service account", 10*time.Second, func() error {
-		_, err := c.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "oidc"}}, metav1.CreateOptions{})
+		_, err := c.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "oidc"}}, metav1.CreateOptions{})
 		return err
 	})
 	token := func(audiences ...string) string {
-		tr, err := c.CoreV1().ServiceAccounts("default").CreateToken(ctx, "oidc", &authenticationv1.TokenRequest{
+		tr, err := c.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "oidc", &authenticationv1.TokenRequest{
 			Spec: authenticationv1.TokenRequestSpec{Audiences: audiences}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
@@ -111,7 +114,7 @@ func TestServiceAccountIssuerDiscovery(t *testing.T) {
 	if err != nil {
 		t.Fatalf("verifying a service account token with the published keys: %v", err)
 	}
-	if idToken.Subject != "system:serviceaccount:default:oidc" {
+	if idToken.Subject != "system:serviceaccount:"+ns+":oidc" {
 		t.Errorf("subject %q", idToken.Subject)
 	}
 	// A token for another audience is not one for this client.

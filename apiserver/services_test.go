@@ -19,9 +19,10 @@ import (
 // frees them all.
 func TestNodePortClaimsFollowUpdates(t *testing.T) {
 	t.Parallel()
-	peers := servertest.Start(t, 1)
+	peer := servertest.Shared(t)
+	ns := servertest.Namespace(t, peer, "nodeports")
 	ctx := context.Background()
-	services := peers[0].Client.CoreV1().Services("default")
+	services := peer.Client.CoreV1().Services(ns)
 	create := func(name string, typ corev1.ServiceType, nodePort int32) (*corev1.Service, error) {
 		return services.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.ServiceSpec{
 			Type: typ, Ports: []corev1.ServicePort{{Port: 80, NodePort: nodePort}},
@@ -79,9 +80,11 @@ func TestNodePortClaimsFollowUpdates(t *testing.T) {
 // kube-apiserver does; updates are made as the conformance suite's jig makes them, a read and a full update.
 func TestExternalNameTypeChanges(t *testing.T) {
 	t.Parallel()
-	c := servertest.Start(t, 1)[0].Client
+	shared := servertest.Shared(t)
+	c := shared.Client
+	ns := servertest.Namespace(t, shared, "externalname")
 	ctx := context.Background()
-	services := c.CoreV1().Services("default")
+	services := c.CoreV1().Services(ns)
 	update := func(name string, change func(*corev1.Service)) (*corev1.Service, error) {
 		svc, err := services.Get(ctx, name, metav1.GetOptions{})
 		if err != nil {

@@ -28,7 +28,8 @@ import (
 // create only volumes pinned to itself.
 func TestPersistentVolumesAndClaims(t *testing.T) {
 	t.Parallel()
-	peer := servertest.Start(t, 1)[0]
+	peer := servertest.Shared(t)
+	ns := servertest.Namespace(t, peer, "pvs")
 	c := peer.Client
 	ctx := context.Background()
 
@@ -47,7 +48,7 @@ func TestPersistentVolumesAndClaims(t *testing.T) {
 			StorageClassName: class, AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			Resources: corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: resource.MustParse("1Gi")}}}}
 	}
-	defaulted, err := c.CoreV1().PersistentVolumeClaims("default").Create(ctx, claim("defaulted", nil), metav1.CreateOptions{})
+	defaulted, err := c.CoreV1().PersistentVolumeClaims(ns).Create(ctx, claim("defaulted", nil), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func TestPersistentVolumesAndClaims(t *testing.T) {
 	}
 	// It waits for its first consumer: the controller leaves it Pending, with no provisioner asked yet.
 	time.Sleep(time.Second)
-	if cur, _ := c.CoreV1().PersistentVolumeClaims("default").Get(ctx, "defaulted", metav1.GetOptions{}); cur.Status.Phase != corev1.ClaimPending ||
+	if cur, _ := c.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "defaulted", metav1.GetOptions{}); cur.Status.Phase != corev1.ClaimPending ||
 		cur.Annotations["volume.kubernetes.io/storage-provisioner"] != "" {
 		t.Fatalf("a WaitForFirstConsumer claim without a pod: phase %s, annotations %v", cur.Status.Phase, cur.Annotations)
 	}
@@ -67,7 +68,7 @@ func TestPersistentVolumesAndClaims(t *testing.T) {
 		Spec: corev1.PersistentVolumeSpec{AccessModes: []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			PersistentVolumeSource: corev1.PersistentVolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: "/tmp/x"}}}}, metav1.CreateOptions{})
 	invalidAt(t, "a volume without capacity", err, "spec.capacity")
-	_, err = c.CoreV1().PersistentVolumeClaims("default").Create(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "bad"}}, metav1.CreateOptions{})
+	_, err = c.CoreV1().PersistentVolumeClaims(ns).Create(ctx, &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: "bad"}}, metav1.CreateOptions{})
 	invalidAt(t, "a claim without access modes", err, "spec.accessModes")
 
 	// A hand-made volume binds to a claim without a class, and is Released when the claim goes.
@@ -82,11 +83,11 @@ func TestPersistentVolumesAndClaims(t *testing.T) {
 		t.Fatalf("volume defaults: reclaim %s, finalizers %v", pv.Spec.PersistentVolumeReclaimPolicy, pv.Finalizers)
 	}
 	empty := ""
-	if _, err := c.CoreV1().PersistentVolumeClaims("default").Create(ctx, claim("static", &empty), metav1.CreateOptions{}); err != nil {
+	if _, err := c.CoreV1().PersistentVolumeClaims(ns).Create(ctx, claim("static", &empty), metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	proctest.WaitFor(t, "the claim bound", 30*time.Second, func() error {
-		cl, err := c.CoreV1().PersistentVolumeClaims("default").Get(ctx, "static", metav1.GetOptions{})
+		cl, err := c.CoreV1().PersistentVolumeClaims(ns).Get(ctx, "static", metav1.GetOptions{})
 		if err != nil || cl.Status.Phase != corev1.ClaimBound || cl.Spec.VolumeName != "by-hand" || cl.Status.Capacity.Storage().String() != "5Gi" {
 			return fmt.Errorf("claim %v %v", cl.Status, err)
 		}
@@ -96,7 +97,7 @@ func TestPersistentVolumesAndClaims(t *testing.T) {
 		}
 		return nil
 	})
-	if err := c.CoreV1().PersistentVolumeClaims("default").Delete(ctx, "static", metav1.DeleteOptions{}); err != nil {
+	if err := c.CoreV1().PersistentVolumeClaims(ns).Delete(ctx, "static", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	proctest.WaitFor(t, "the volume Released", 30*time.Second, func() error {
