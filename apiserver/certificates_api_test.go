@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/skiff-dev/skiff/apiserver"
 	"github.com/skiff-dev/skiff/internal/proctest"
 )
 
@@ -56,7 +57,7 @@ func impersonating(config *rest.Config, name string, groups ...string) kubernete
 // the requests of the pods bound to it.
 func TestClusterTrustBundlesAndPodCertificateRequests(t *testing.T) {
 	t.Parallel()
-	config := startAPI(t, nil)
+	config := apiserver.StartTestAPI(t, apiserver.TestAPIOptions{})
 	cs := kubernetes.NewForConfigOrDie(config)
 	ctx := context.Background()
 	certs := cs.CertificatesV1()

@@ -11,6 +11,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/skiff-dev/skiff/apiserver"
 )
 
 // TestEventSourceFieldSelector: core/v1's source= field selector matches an event's source component, and
@@ -18,24 +20,26 @@ import (
 // kube-apiserver.
 func TestEventSourceFieldSelector(t *testing.T) {
 	t.Parallel()
-	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cfg := apiserver.SharedTestAPI(t)
+	ns := apiserver.NamespaceOn(t, cfg, "events")
+	client := kubernetes.NewForConfigOrDie(cfg)
 	ctx := context.Background()
 	now := metav1.NewMicroTime(time.Now())
-	if _, err := client.EventsV1().Events("default").Create(ctx, &eventsv1.Event{
+	if _, err := client.EventsV1().Events(ns).Create(ctx, &eventsv1.Event{
 		ObjectMeta: metav1.ObjectMeta{Name: "new-style"}, EventTime: now, ReportingController: "example.com/ctl",
 		ReportingInstance: "ctl-1", Action: "Test", Reason: "Testing", Type: corev1.EventTypeNormal,
-		Regarding: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "p"},
+		Regarding: corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "p"},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.CoreV1().Events("default").Create(ctx, &corev1.Event{
+	if _, err := client.CoreV1().Events(ns).Create(ctx, &corev1.Event{
 		ObjectMeta: metav1.ObjectMeta{Name: "old-style"}, Source: corev1.EventSource{Component: "kubelet"}, Reason: "Testing",
-		Type: corev1.EventTypeNormal, InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "default", Name: "p"},
+		Type: corev1.EventTypeNormal, InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: "p"},
 	}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	for selector, want := range map[string]string{"source=example.com/ctl": "new-style", "source=kubelet": "old-style"} {
-		list, err := client.CoreV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: selector})
+		list, err := client.CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: selector})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +54,7 @@ func TestEventSourceFieldSelector(t *testing.T) {
 		"regarding.name=p,type=Normal":        {"new-style", "old-style"},
 		"reason=Other":                        nil,
 	} {
-		list, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: selector})
+		list, err := client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: selector})
 		if err != nil {
 			t.Fatalf("events.k8s.io %s: %v", selector, err)
 		}
@@ -63,7 +67,7 @@ func TestEventSourceFieldSelector(t *testing.T) {
 		}
 	}
 	// A core field name is not one of events.k8s.io's: 400, as on kube-apiserver.
-	_, err := client.EventsV1().Events("default").List(ctx, metav1.ListOptions{FieldSelector: "source=kubelet"})
+	_, err := client.EventsV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "source=kubelet"})
 	if !apierrors.IsBadRequest(err) {
 		t.Errorf("events.k8s.io source=: %v; want 400", err)
 	}

@@ -20,6 +20,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	apiregistrationv1 "k8s.io/kube-aggregator/pkg/apis/apiregistration/v1"
 	aggregatorclient "k8s.io/kube-aggregator/pkg/client/clientset_generated/clientset"
+
+	"github.com/skiff-dev/skiff/apiserver"
 )
 
 // crontabCRD is the CronTab example of the Kubernetes documentation, with what a CRD author uses: a structural
@@ -65,7 +67,8 @@ func crontabCRD() *apiextensionsv1.CustomResourceDefinition {
 // pruned, with status and scale, watched, and removed with their CRD; a bad CRD is refused with a field path.
 func TestCustomResources(t *testing.T) {
 	t.Parallel()
-	cfg := startAPI(t, nil)
+	cfg := apiserver.SharedTestAPI(t)
+	ns := apiserver.NamespaceOn(t, cfg, "crs")
 	ctx := context.Background()
 	crds := apiextensionsclient.NewForConfigOrDie(cfg).ApiextensionsV1().CustomResourceDefinitions()
 	dyn := dynamic.NewForConfigOrDie(cfg)
@@ -89,7 +92,7 @@ func TestCustomResources(t *testing.T) {
 	})
 	t.Logf("Established %v after the create", time.Since(created).Round(time.Millisecond))
 
-	crontabs := dyn.Resource(schema.GroupVersionResource{Group: "stable.example.com", Version: "v1", Resource: "crontabs"}).Namespace("default")
+	crontabs := dyn.Resource(schema.GroupVersionResource{Group: "stable.example.com", Version: "v1", Resource: "crontabs"}).Namespace(ns)
 	var first *unstructured.Unstructured
 	waitFor(t, "the first custom resource accepted", 30*time.Second, func() error {
 		obj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "stable.example.com/v1", "kind": "CronTab",
@@ -242,7 +245,7 @@ func waitFor(t *testing.T, what string, within time.Duration, check func() error
 // framework parse (semver with Skiff's version as build metadata), not the library's placeholder.
 func TestVersion(t *testing.T) {
 	t.Parallel()
-	cfg := startAPI(t, nil)
+	cfg := apiserver.SharedTestAPI(t)
 	info, err := kubernetes.NewForConfigOrDie(cfg).Discovery().ServerVersion()
 	if err != nil {
 		t.Fatal(err)
@@ -261,7 +264,8 @@ func TestVersion(t *testing.T) {
 // kube-apiserver either: the CRD is stored with NamesAccepted False and never Established.
 func TestInvalidCRDs(t *testing.T) {
 	t.Parallel()
-	cfg := startAPI(t, nil)
+	// A server of its own: it creates CRDs under the names TestCustomResources uses.
+	cfg := apiserver.StartTestAPI(t, apiserver.TestAPIOptions{})
 	ctx := context.Background()
 	crds := apiextensionsclient.NewForConfigOrDie(cfg).ApiextensionsV1().CustomResourceDefinitions()
 

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/skiff-dev/skiff/apiserver"
 	"github.com/skiff-dev/skiff/internal/proctest"
 )
 
@@ -20,7 +21,7 @@ import (
 // present), kube's validation with field paths, and status only through /status.
 func TestFlowControlConfiguration(t *testing.T) {
 	t.Parallel()
-	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cs := kubernetes.NewForConfigOrDie(apiserver.StartTestAPI(t, apiserver.TestAPIOptions{}))
 	ctx := context.Background()
 	fc := cs.FlowcontrolV1()
 

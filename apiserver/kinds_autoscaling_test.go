@@ -18,6 +18,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/skiff-dev/skiff/apiserver"
 )
 
 // TestHorizontalPodAutoscalers: HorizontalPodAutoscalers are served in autoscaling/v2 and autoscaling/v1 as by
@@ -27,9 +29,11 @@ import (
 // aggregated) with v2 preferred.
 func TestHorizontalPodAutoscalers(t *testing.T) {
 	t.Parallel()
-	c := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cfg := apiserver.SharedTestAPI(t)
+	ns := apiserver.NamespaceOn(t, cfg, "hpa")
+	c := kubernetes.NewForConfigOrDie(cfg)
 	ctx := context.Background()
-	v1, v2 := c.AutoscalingV1().HorizontalPodAutoscalers("default"), c.AutoscalingV2().HorizontalPodAutoscalers("default")
+	v1, v2 := c.AutoscalingV1().HorizontalPodAutoscalers(ns), c.AutoscalingV2().HorizontalPodAutoscalers(ns)
 
 	hpa := &autoscalingv2.HorizontalPodAutoscaler{ObjectMeta: metav1.ObjectMeta{Name: "web"},
 		Spec: autoscalingv2.HorizontalPodAutoscalerSpec{
@@ -202,7 +206,7 @@ func TestHorizontalPodAutoscalers(t *testing.T) {
 		if version == "v1" {
 			client = c.AutoscalingV1().RESTClient()
 		}
-		if err := client.Get().Namespace("default").Resource("horizontalpodautoscalers").Name("web").
+		if err := client.Get().Namespace(ns).Resource("horizontalpodautoscalers").Name("web").
 			SetHeader("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io").Do(ctx).Into(table); err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/skiff-dev/skiff/apiserver"
 )
 
 // TestConfigMapSecretPriorityClassRules: ConfigMaps, Secrets and PriorityClasses follow kube-apiserver's
@@ -20,7 +22,9 @@ import (
 // never changes and "system-" names are reserved. Each refusal is a 422 naming the field.
 func TestConfigMapSecretPriorityClassRules(t *testing.T) {
 	t.Parallel()
-	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cfg := apiserver.SharedTestAPI(t)
+	ns := apiserver.NamespaceOn(t, cfg, "core")
+	client := kubernetes.NewForConfigOrDie(cfg)
 	ctx := context.Background()
 	invalid := func(what string, err error, wants ...string) {
 		t.Helper()
@@ -36,7 +40,7 @@ func TestConfigMapSecretPriorityClassRules(t *testing.T) {
 	}
 	yes := true
 
-	cms := client.CoreV1().ConfigMaps("default")
+	cms := client.CoreV1().ConfigMaps(ns)
 	cm, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "frozen"}, Data: map[string]string{"k": "v"}, Immutable: &yes}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -55,7 +59,7 @@ func TestConfigMapSecretPriorityClassRules(t *testing.T) {
 		t.Errorf("labelling an immutable ConfigMap: %v", err)
 	}
 
-	secrets := client.CoreV1().Secrets("default")
+	secrets := client.CoreV1().Secrets(ns)
 	_, err = secrets.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "emptykey"}, Data: map[string][]byte{"": []byte("x")}}, metav1.CreateOptions{})
 	invalid("an empty Secret key", err, "data[]", "a valid config key must consist of alphanumeric characters")
 	s, err := secrets.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "frozen"}, StringData: map[string]string{"password": "p"}, Immutable: &yes}, metav1.CreateOptions{})
@@ -94,9 +98,11 @@ func TestConfigMapSecretPriorityClassRules(t *testing.T) {
 // refused with the field named.
 func TestPodTemplates(t *testing.T) {
 	t.Parallel()
-	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cfg := apiserver.SharedTestAPI(t)
+	ns := apiserver.NamespaceOn(t, cfg, "podtemplates")
+	client := kubernetes.NewForConfigOrDie(cfg)
 	ctx := context.Background()
-	templates := client.CoreV1().PodTemplates("default")
+	templates := client.CoreV1().PodTemplates(ns)
 	template := func(name, image string) *corev1.PodTemplate {
 		return &corev1.PodTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"set": "a"}},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": name}},

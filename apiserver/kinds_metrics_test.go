@@ -2,11 +2,8 @@ package apiserver_test
 
 import (
 	"context"
-	"crypto/ecdsa"
 	"encoding/json"
-	"errors"
 	"maps"
-	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -17,66 +14,11 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	certutil "k8s.io/client-go/util/cert"
 	metricsv1beta1 "k8s.io/metrics/pkg/apis/metrics/v1beta1"
 	metricsclient "k8s.io/metrics/pkg/client/clientset/versioned"
 
 	"github.com/skiff-dev/skiff/apiserver"
 )
-
-// memBackend applies commands straight to a store, as a one-peer Raft would, so the API server runs
-// without Raft.
-
-// startAPI runs an API server on an in-memory store with the given metrics source and returns an admin
-// rest config for it.
-func startAPI(t *testing.T, source apiserver.MetricsSource) *rest.Config {
-	t.Helper()
-	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.ParseIP("127.0.0.1")}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const token = "metrics-test-admin-token"
-	srv, err := apiserver.New(apiserver.Config{
-		Backend: apiserver.NewMemBackend(), Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM,
-		AdminToken: token, JoinToken: func() string { return "" },
-		ServiceAccountKey: func() (*ecdsa.PrivateKey, error) { return nil, errors.New("no key in this test") },
-		Metrics:           source,
-	})
-	if err != nil {
-		ln.Close()
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	cfg := &rest.Config{Host: "https://" + ln.Addr().String(), BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: certPEM}, QPS: -1}
-	client := kubernetes.NewForConfigOrDie(cfg)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		// A write rather than a read: an empty store is at revision 0, at which lists are refused.
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
-		_, err := client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{})
-		if err == nil || apierrors.IsAlreadyExists(err) {
-			return cfg
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("API not ready: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
 
 // fakeMetrics is a MetricsSource from maps.
 type fakeMetrics struct {
@@ -118,7 +60,7 @@ func TestMetricsAPI(t *testing.T) {
 			"ns2/job": {Timestamp: ts, Window: window, Containers: []metricsv1beta1.ContainerMetrics{{Name: "c", Usage: usage("1m", "1Mi")}}},
 		},
 	}
-	cfg := startAPI(t, source)
+	cfg := apiserver.StartTestAPI(t, apiserver.TestAPIOptions{Metrics: source})
 	ctx := context.Background()
 	client := kubernetes.NewForConfigOrDie(cfg)
 	metrics := metricsclient.NewForConfigOrDie(cfg).MetricsV1beta1()
@@ -277,7 +219,8 @@ func TestMetricsAPI(t *testing.T) {
 // TestMetricsAPIOff: without a metrics source the group is not served.
 func TestMetricsAPIOff(t *testing.T) {
 	t.Parallel()
-	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cfg := apiserver.SharedTestAPI(t)
+	client := kubernetes.NewForConfigOrDie(cfg)
 	groups, err := client.Discovery().ServerGroups()
 	if err != nil {
 		t.Fatal(err)

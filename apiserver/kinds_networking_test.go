@@ -16,6 +16,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/skiff-dev/skiff/apiserver"
 )
 
 // TestNetworkingAndRuntimeClassKinds: networking.k8s.io/v1 Ingresses (with status), IngressClasses and
@@ -24,7 +26,9 @@ import (
 // only through its subresource.
 func TestNetworkingAndRuntimeClassKinds(t *testing.T) {
 	t.Parallel()
-	c := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cfg := apiserver.SharedTestAPI(t)
+	ns := apiserver.NamespaceOn(t, cfg, "networking")
+	c := kubernetes.NewForConfigOrDie(cfg)
 	ctx := context.Background()
 	net := c.NetworkingV1()
 	if _, err := net.IngressClasses().Create(ctx, &networkingv1.IngressClass{ObjectMeta: metav1.ObjectMeta{Name: "nginx"},
@@ -38,7 +42,7 @@ func TestNetworkingAndRuntimeClassKinds(t *testing.T) {
 			Paths: []networkingv1.HTTPIngressPath{{Path: "/", PathType: &pathType, Backend: networkingv1.IngressBackend{
 				Service: &networkingv1.IngressServiceBackend{Name: "web", Port: networkingv1.ServiceBackendPort{Number: 80}}}}}}}}}},
 		Status: networkingv1.IngressStatus{LoadBalancer: networkingv1.IngressLoadBalancerStatus{Ingress: []networkingv1.IngressLoadBalancerIngress{{IP: "10.0.0.9"}}}}}
-	created, err := net.Ingresses("default").Create(ctx, ing, metav1.CreateOptions{})
+	created, err := net.Ingresses(ns).Create(ctx, ing, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,23 +50,23 @@ func TestNetworkingAndRuntimeClassKinds(t *testing.T) {
 		t.Error("an Ingress's create set its status")
 	}
 	created.Status.LoadBalancer.Ingress = []networkingv1.IngressLoadBalancerIngress{{IP: "10.0.0.9"}}
-	if _, err := net.Ingresses("default").UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
+	if _, err := net.Ingresses(ns).UpdateStatus(ctx, created, metav1.UpdateOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	bad := ing.DeepCopy()
 	bad.Name = "bad"
 	bad.Spec.Rules[0].HTTP.Paths[0].Path = "no-slash"
-	if _, err := net.Ingresses("default").Create(ctx, bad, metav1.CreateOptions{}); !apierrors.IsInvalid(err) ||
+	if _, err := net.Ingresses(ns).Create(ctx, bad, metav1.CreateOptions{}); !apierrors.IsInvalid(err) ||
 		!strings.Contains(err.Error(), "spec.rules[0].http.paths[0].path") {
 		t.Errorf("an Ingress path without a leading slash: %v; want 422 naming spec.rules[0].http.paths[0].path", err)
 	}
 	port := networkingv1.NetworkPolicyPort{}
-	if _, err := net.NetworkPolicies("default").Create(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "deny"},
+	if _, err := net.NetworkPolicies(ns).Create(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "deny"},
 		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{port}}}}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := net.NetworkPolicies("default").Create(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "bad"},
+	if _, err := net.NetworkPolicies(ns).Create(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "bad"},
 		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{"Sideways"}}}, metav1.CreateOptions{}); !apierrors.IsInvalid(err) ||
 		!strings.Contains(err.Error(), "spec.policyTypes") {
 		t.Errorf("a NetworkPolicy with an unknown policy type: %v; want 422 naming spec.policyTypes", err)
@@ -80,8 +84,8 @@ func TestNetworkingAndRuntimeClassKinds(t *testing.T) {
 		resource, namespace, columns, row string
 	}{
 		{net.RESTClient(), "ingressclasses", "", "Name,Controller,Parameters,Age", "nginx example.com/ingress <none>"},
-		{net.RESTClient(), "ingresses", "default", "Name,Class,Hosts,Address,Ports,Age", "web nginx web.example.com 10.0.0.9 80"},
-		{net.RESTClient(), "networkpolicies", "default", "Name,Pod-Selector,Age", "deny <none>"},
+		{net.RESTClient(), "ingresses", ns, "Name,Class,Hosts,Address,Ports,Age", "web nginx web.example.com 10.0.0.9 80"},
+		{net.RESTClient(), "networkpolicies", ns, "Name,Pod-Selector,Age", "deny <none>"},
 		{c.NodeV1().RESTClient(), "runtimeclasses", "", "Name,Handler,Age", "fast runc"},
 	} {
 		table := &metav1.Table{}
@@ -103,9 +107,6 @@ func TestNetworkingAndRuntimeClassKinds(t *testing.T) {
 	}
 
 	// The RuntimeClass admission: an unknown class is refused; a class's overhead and scheduling are the pod's.
-	if _, err := c.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
 	if _, err := c.NodeV1().RuntimeClasses().Create(ctx, &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "sandboxed"}, Handler: "runc",
 		Overhead: &nodev1.Overhead{PodFixed: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("250m")}},
 		Scheduling: &nodev1.Scheduling{NodeSelector: map[string]string{"sandbox": "yes"},
@@ -117,15 +118,15 @@ func TestNetworkingAndRuntimeClassKinds(t *testing.T) {
 		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.PodSpec{RuntimeClassName: &class, NodeSelector: nodeSelector,
 			AutomountServiceAccountToken: &no, Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}
 	}
-	if _, err := c.CoreV1().Pods("default").Create(ctx, pod("unknown", "nope", nil), metav1.CreateOptions{}); !apierrors.IsForbidden(err) ||
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod("unknown", "nope", nil), metav1.CreateOptions{}); !apierrors.IsForbidden(err) ||
 		!strings.Contains(err.Error(), `RuntimeClass "nope" not found`) {
 		t.Errorf("a pod naming an unknown RuntimeClass: %v; want 403 RuntimeClass \"nope\" not found", err)
 	}
-	if _, err := c.CoreV1().Pods("default").Create(ctx, pod("conflict", "sandboxed", map[string]string{"sandbox": "no"}), metav1.CreateOptions{}); !apierrors.IsForbidden(err) ||
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, pod("conflict", "sandboxed", map[string]string{"sandbox": "no"}), metav1.CreateOptions{}); !apierrors.IsForbidden(err) ||
 		!strings.Contains(err.Error(), "conflict: runtimeClass.scheduling.nodeSelector[sandbox]") {
 		t.Errorf("a pod whose node selector conflicts with its RuntimeClass's: %v; want 403", err)
 	}
-	p, err := c.CoreV1().Pods("default").Create(ctx, pod("sandboxed", "sandboxed", map[string]string{"disk": "ssd"}), metav1.CreateOptions{})
+	p, err := c.CoreV1().Pods(ns).Create(ctx, pod("sandboxed", "sandboxed", map[string]string{"disk": "ssd"}), metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -135,7 +136,7 @@ func TestNetworkingAndRuntimeClassKinds(t *testing.T) {
 	}
 	withOverhead := pod("overhead", "fast", nil)
 	withOverhead.Spec.Overhead = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("1")}
-	if _, err := c.CoreV1().Pods("default").Create(ctx, withOverhead, metav1.CreateOptions{}); !apierrors.IsForbidden(err) ||
+	if _, err := c.CoreV1().Pods(ns).Create(ctx, withOverhead, metav1.CreateOptions{}); !apierrors.IsForbidden(err) ||
 		!strings.Contains(err.Error(), "Pod Overhead set without corresponding RuntimeClass defined Overhead") {
 		t.Errorf("a pod bringing an overhead its class does not define: %v; want 403", err)
 	}

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/skiff-dev/skiff/apiserver"
 	"github.com/skiff-dev/skiff/internal/proctest"
 )
 
@@ -22,7 +23,7 @@ import (
 // created in the binding's namespaces gets the label the policy applies, others do not.
 func TestMutatingAdmissionPolicy(t *testing.T) {
 	t.Parallel()
-	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cs := kubernetes.NewForConfigOrDie(apiserver.StartTestAPI(t, apiserver.TestAPIOptions{}))
 	ctx := context.Background()
 	policies := cs.AdmissionregistrationV1()
 

@@ -37,7 +37,7 @@ func (b *lostAnswerBackend) Apply(ctx context.Context, cmd *fsm.Command) (fsm.Re
 func TestUnknownOutcomeIsNotResent(t *testing.T) {
 	t.Parallel()
 	backend := &lostAnswerBackend{memBackend: NewMemBackend()}
-	client := kubernetes.NewForConfigOrDie(startMemAPI(t, backend, nil))
+	client := kubernetes.NewForConfigOrDie(StartTestAPI(t, TestAPIOptions{Backend: backend}))
 	cms := client.CoreV1().ConfigMaps("default")
 	ctx := context.Background()
 	cm, err := cms.Create(ctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "lost"}, Data: map[string]string{"v": "1"}}, metav1.CreateOptions{})

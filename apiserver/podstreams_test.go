@@ -2,9 +2,7 @@ package apiserver
 
 import (
 	"context"
-	"crypto/ecdsa"
 	"encoding/json"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -26,9 +24,6 @@ import (
 	translator "k8s.io/apiserver/pkg/util/proxy"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	certutil "k8s.io/client-go/util/cert"
-
-	"github.com/skiff-dev/skiff/apiserver/raftstore"
 )
 
 // TestPodStreamOptionsFromQuery decodes the query strings of pods/log, exec, attach and portforward through
@@ -302,62 +297,6 @@ func TestNodeAddress(t *testing.T) {
 // streamsBackend applies commands straight to a store, as a one-peer Raft would (the pod streams and RBAC
 // tests share it).
 
-// startStreamsAPI runs an API server on an in-memory store that reaches agents through agentTransport and
-// returns an admin rest config for it.
-func startStreamsAPI(t *testing.T, agentTransport http.RoundTripper) *rest.Config {
-	t.Helper()
-	return startMemAPI(t, NewMemBackend(), agentTransport)
-}
-
-// startMemAPI runs an API server on backend and returns an admin rest config for it.
-func startMemAPI(t *testing.T, backend raftstore.Backend, agentTransport http.RoundTripper) *rest.Config {
-	t.Helper()
-	certPEM, keyPEM, err := certutil.GenerateSelfSignedCertKey("127.0.0.1", []net.IP{net.ParseIP("127.0.0.1")}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const token = "podstreams-test-admin-token"
-	srv, err := New(Config{
-		Backend: backend, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM,
-		AdminToken: token, JoinToken: func() string { return "" },
-		ServiceAccountKey: func() (*ecdsa.PrivateKey, error) { return nil, errors.New("no key in this test") },
-		AgentTransport:    agentTransport,
-	})
-	if err != nil {
-		ln.Close()
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-	})
-	cfg := &rest.Config{Host: "https://" + ln.Addr().String(), BearerToken: token, TLSClientConfig: rest.TLSClientConfig{CAData: certPEM}, QPS: -1}
-	client := kubernetes.NewForConfigOrDie(cfg)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		// A write rather than a read: an empty store is at revision 0, at which lists are refused.
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "default"}}
-		_, err := client.CoreV1().Namespaces().Create(context.Background(), ns, metav1.CreateOptions{})
-		if err == nil || apierrors.IsAlreadyExists(err) {
-			return cfg
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("API not ready: %v", err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
 // fakeAgent is an agent endpoint that records what reaches it and answers as told.
 type fakeAgent struct {
 	srv *httptest.Server
@@ -425,7 +364,7 @@ func (a *fakeAgent) port(t *testing.T) int32 {
 func TestPodStreamsHTTP(t *testing.T) {
 	t.Parallel()
 	agent := newFakeAgent(t)
-	cfg := startStreamsAPI(t, agent.srv.Client().Transport)
+	cfg := StartTestAPI(t, TestAPIOptions{AgentTransport: agent.srv.Client().Transport})
 	ctx := context.Background()
 	client := kubernetes.NewForConfigOrDie(cfg)
 
@@ -665,7 +604,7 @@ func TestPodStreamsHTTP(t *testing.T) {
 // TestPodStreamsWithoutAgentTransport: a server with no client certificate for agents answers 503.
 func TestPodStreamsWithoutAgentTransport(t *testing.T) {
 	t.Parallel()
-	cfg := startStreamsAPI(t, nil)
+	cfg := StartTestAPI(t, TestAPIOptions{})
 	ctx := context.Background()
 	client := kubernetes.NewForConfigOrDie(cfg)
 	// No serviceaccount controller runs here: make the account the ServiceAccount admission looks for.

@@ -57,7 +57,7 @@ func TestProxySubresources(t *testing.T) {
 
 	agent := newFakeAgent(t)
 	agent.answer(http.StatusOK, "agent ok")
-	cfg := startStreamsAPI(t, agent.srv.Client().Transport)
+	cfg := StartTestAPI(t, TestAPIOptions{AgentTransport: agent.srv.Client().Transport})
 	ctx := context.Background()
 	client := kubernetes.NewForConfigOrDie(cfg)
 	if _, err := client.CoreV1().Nodes().Create(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}, Status: corev1.NodeStatus{

@@ -14,6 +14,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/skiff-dev/skiff/apiserver"
 	"github.com/skiff-dev/skiff/internal/proctest"
 )
 
@@ -22,7 +23,7 @@ import (
 // (field paths), status only through /status, ResourceSlice field selectors, and kube's table columns.
 func TestDynamicResourceAllocationAPI(t *testing.T) {
 	t.Parallel()
-	config := startAPI(t, nil)
+	config := apiserver.StartTestAPI(t, apiserver.TestAPIOptions{})
 	cs := kubernetes.NewForConfigOrDie(config)
 	ctx := context.Background()
 	rv1 := cs.ResourceV1()

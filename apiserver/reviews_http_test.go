@@ -9,6 +9,8 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/skiff-dev/skiff/apiserver"
 )
 
 // TestReviewsRefuseTables: a review is not a kind with a table; asking for its answer as a Table is 406 Not
@@ -16,7 +18,8 @@ import (
 // metadata").
 func TestReviewsRefuseTables(t *testing.T) {
 	t.Parallel()
-	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cfg := apiserver.SharedTestAPI(t)
+	client := kubernetes.NewForConfigOrDie(cfg)
 	sar := &authorizationv1.SelfSubjectAccessReview{Spec: authorizationv1.SelfSubjectAccessReviewSpec{
 		NonResourceAttributes: &authorizationv1.NonResourceAttributes{Path: "/", Verb: "get"}}}
 	err := client.AuthorizationV1().RESTClient().Post().Resource("selfsubjectaccessreviews").

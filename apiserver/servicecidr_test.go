@@ -21,7 +21,7 @@ import (
 // created again when deleted, and a ServiceCIDR of another name is refused, naming the field.
 func TestServiceCIDRs(t *testing.T) {
 	t.Parallel()
-	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cs := kubernetes.NewForConfigOrDie(apiserver.StartTestAPI(t, apiserver.TestAPIOptions{}))
 	ctx := context.Background()
 	cidrs := cs.NetworkingV1().ServiceCIDRs()
 
@@ -66,7 +66,7 @@ func TestServiceCIDRs(t *testing.T) {
 // validates them.
 func TestIPAddresses(t *testing.T) {
 	t.Parallel()
-	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cs := kubernetes.NewForConfigOrDie(apiserver.StartTestAPI(t, apiserver.TestAPIOptions{}))
 	ctx := context.Background()
 	parent := &networkingv1.ParentReference{Group: "mygroup", Resource: "myresources", Namespace: "foo", Name: "bar"}
 	for _, name := range []string{"255.255.255.255", "fe80::42:1dff:fe84:f9e2"} {
@@ -88,9 +88,11 @@ func TestIPAddresses(t *testing.T) {
 // the Service by its generated name (kube's IPAddress validation requires the parent's name).
 func TestServiceWithGeneratedName(t *testing.T) {
 	t.Parallel()
-	cs := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cfg := apiserver.SharedTestAPI(t)
+	ns := apiserver.NamespaceOn(t, cfg, "svcname")
+	cs := kubernetes.NewForConfigOrDie(cfg)
 	ctx := context.Background()
-	svc, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{GenerateName: "proxy-service-"},
+	svc, err := cs.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{GenerateName: "proxy-service-"},
 		Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("a Service with generateName: %v", err)

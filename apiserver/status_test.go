@@ -9,6 +9,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/skiff-dev/skiff/apiserver"
 )
 
 // TestStatusSubresourceKeepsMetadata: a status update or patch changes the status and the metadata it sends
@@ -16,15 +18,17 @@ import (
 // stored labels, and a pod's its owner references.
 func TestStatusSubresourceKeepsMetadata(t *testing.T) {
 	t.Parallel()
-	client := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cfg := apiserver.SharedTestAPI(t)
+	ns := apiserver.NamespaceOn(t, cfg, "status")
+	client := kubernetes.NewForConfigOrDie(cfg)
 	ctx := context.Background()
 
-	svc, err := client.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
+	svc, err := client.CoreV1().Services(ns).Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web"},
 		Spec: corev1.ServiceSpec{Selector: map[string]string{"app": "web"}, Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	patched, err := client.CoreV1().Services("default").Patch(ctx, "web", types.MergePatchType,
+	patched, err := client.CoreV1().Services(ns).Patch(ctx, "web", types.MergePatchType,
 		[]byte(`{"metadata":{"labels":{"patched":"yes"},"annotations":{"note":"status"}},"spec":{"selector":{"app":"other"}},"status":{"conditions":[{"type":"Ready","status":"True","reason":"Test","message":"m","lastTransitionTime":"2026-01-01T00:00:00Z"}]}}`),
 		metav1.PatchOptions{}, "status")
 	if err != nil {
@@ -38,7 +42,7 @@ func TestStatusSubresourceKeepsMetadata(t *testing.T) {
 	}
 
 	replicas := int32(1)
-	d, err := client.AppsV1().Deployments("default").Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}},
+	d, err := client.AppsV1().Deployments(ns).Create(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "web", Labels: map[string]string{"app": "web"}},
 		Spec: appsv1.DeploymentSpec{Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "web"}},
 			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "web"}},
 				Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}}}, metav1.CreateOptions{})
@@ -48,7 +52,7 @@ func TestStatusSubresourceKeepsMetadata(t *testing.T) {
 	d.Labels["app"] = "changed"
 	d.Annotations = map[string]string{"note": "status"}
 	d.Status.ObservedGeneration = 1
-	updated, err := client.AppsV1().Deployments("default").UpdateStatus(ctx, d, metav1.UpdateOptions{})
+	updated, err := client.AppsV1().Deployments(ns).UpdateStatus(ctx, d, metav1.UpdateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,10 +61,7 @@ func TestStatusSubresourceKeepsMetadata(t *testing.T) {
 			updated.Labels, updated.Annotations, updated.Status.ObservedGeneration)
 	}
 
-	if _, err := client.CoreV1().ServiceAccounts("default").Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "default"}}, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	pod, err := client.CoreV1().Pods("default").Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"},
+	pod, err := client.CoreV1().Pods(ns).Create(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p"},
 		Spec: corev1.PodSpec{SchedulerName: "nobody", Containers: []corev1.Container{{Name: "c", Image: "busybox"}}}}, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -68,7 +69,7 @@ func TestStatusSubresourceKeepsMetadata(t *testing.T) {
 	pod.Labels = map[string]string{"seen": "yes"}
 	pod.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "ConfigMap", Name: "x", UID: "u"}}
 	pod.Status.Message = "hello"
-	got, err := client.CoreV1().Pods("default").UpdateStatus(ctx, pod, metav1.UpdateOptions{})
+	got, err := client.CoreV1().Pods(ns).UpdateStatus(ctx, pod, metav1.UpdateOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

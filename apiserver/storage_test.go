@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/skiff-dev/skiff/apiserver"
 	"github.com/skiff-dev/skiff/internal/proctest"
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
@@ -145,7 +146,9 @@ func TestPersistentVolumesAndClaims(t *testing.T) {
 // a field path when invalid, a VolumeAttachment's status only through its subresource, and deleted.
 func TestCSIObjects(t *testing.T) {
 	t.Parallel()
-	c := kubernetes.NewForConfigOrDie(startAPI(t, nil))
+	cfg := apiserver.SharedTestAPI(t)
+	ns := apiserver.NamespaceOn(t, cfg, "csi")
+	c := kubernetes.NewForConfigOrDie(cfg)
 	ctx := context.Background()
 	storage := c.StorageV1()
 	attach := false
@@ -163,7 +166,7 @@ func TestCSIObjects(t *testing.T) {
 		t.Fatal(err)
 	}
 	capacity := resource.MustParse("10Gi")
-	if _, err := storage.CSIStorageCapacities("default").Create(ctx, &storagev1.CSIStorageCapacity{ObjectMeta: metav1.ObjectMeta{Name: "cap", Labels: map[string]string{"set": "a"}},
+	if _, err := storage.CSIStorageCapacities(ns).Create(ctx, &storagev1.CSIStorageCapacity{ObjectMeta: metav1.ObjectMeta{Name: "cap", Labels: map[string]string{"set": "a"}},
 		StorageClassName: "fast", Capacity: &capacity}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -204,7 +207,7 @@ func TestCSIObjects(t *testing.T) {
 	}{
 		{"csidrivers", "", "Name,AttachRequired,PodInfoOnMount,StorageCapacity,TokenRequests,RequiresRepublish,Modes,Age", "csi.example.com false false false <unset> false Persistent"},
 		{"csinodes", "", "Name,Drivers,Age", "node-a 1"},
-		{"csistoragecapacities", "default", "Name,StorageClassName,Capacity", "cap fast 10Gi"},
+		{"csistoragecapacities", ns, "Name,StorageClassName,Capacity", "cap fast 10Gi"},
 		{"volumeattachments", "", "Name,Attacher,PV,Node,Attached,Age", "va csi.example.com pv-1 node-a true"},
 		{"volumeattributesclasses", "", "Name,DriverName,Age", "gold csi.example.com"},
 	} {
@@ -222,7 +225,7 @@ func TestCSIObjects(t *testing.T) {
 		}
 	}
 
-	if err := storage.CSIStorageCapacities("default").DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "set=a"}); err != nil {
+	if err := storage.CSIStorageCapacities(ns).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: "set=a"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, del := range []func() error{

@@ -152,14 +152,18 @@ func Shared(t testing.TB) *Peer {
 }
 
 // Main runs the package's tests, then stops the shared server (if a test started it) and removes its
-// directories, and exits with the tests' code. Call it from TestMain.
-func Main(m *testing.M) {
+// directories, then runs the package's own after functions (its other shared fixtures), and exits with the
+// tests' code. Call it from TestMain.
+func Main(m *testing.M, after ...func()) {
 	code := m.Run()
 	shared.Lock()
 	for i := len(shared.cleanups) - 1; i >= 0; i-- {
 		shared.cleanups[i]()
 	}
 	shared.Unlock()
+	for _, f := range after {
+		f()
+	}
 	os.Exit(code)
 }
 
