@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -32,6 +33,7 @@ func Lock(tb testing.TB) {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	asked := time.Now()
 	for {
 		err = unix.Flock(int(f.Fd()), unix.LOCK_EX)
 		if err != unix.EINTR {
@@ -42,5 +44,11 @@ func Lock(tb testing.TB) {
 		f.Close()
 		tb.Fatal(fmt.Errorf("locking %s: %w", Path, err))
 	}
-	tb.Cleanup(func() { f.Close() }) // closing the only descriptor of the open file releases the lock
+	got := time.Now()
+	tb.Cleanup(func() {
+		f.Close() // closing the only descriptor of the open file releases the lock
+		// To stderr, which go test passes through whatever the outcome: the turns' lengths, in every log.
+		fmt.Fprintf(os.Stderr, "hostnetlock: %s waited %.0f s for the host network and held it %.0f s\n",
+			tb.Name(), got.Sub(asked).Seconds(), time.Since(got).Seconds())
+	})
 }
