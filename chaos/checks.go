@@ -213,6 +213,43 @@ func GoroutineCounts(ctx context.Context, kubeconfig string) (map[string]int, er
 	return out, errors.Join(errs...)
 }
 
+// SettledGoroutineCounts is GoroutineCounts once the counts have stopped rising: no server's grew by more
+// than goroutineJitter over the last three one-second samples, or a minute has passed. A baseline taken right
+// after a cluster starts would otherwise miss what the leader is still starting (the controllers' informers:
+// the garbage collector's alone watch some sixty resources, a few hundred goroutines on both ends).
+func SettledGoroutineCounts(ctx context.Context, kubeconfig string) (map[string]int, error) {
+	deadline := time.Now().Add(time.Minute)
+	var samples []map[string]int
+	for {
+		now, err := GoroutineCounts(ctx, kubeconfig)
+		if err != nil {
+			return now, err
+		}
+		samples = append(samples, now)
+		if len(samples) >= 3 && !rising(samples[len(samples)-3], now) || time.Now().After(deadline) {
+			return now, nil
+		}
+		select {
+		case <-ctx.Done():
+			return now, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// goroutineJitter is how much a server's goroutine count moves at rest (requests, heartbeats, timers).
+const goroutineJitter = 20
+
+// rising reports whether any server's count grew by more than goroutineJitter from then to now.
+func rising(then, now map[string]int) bool {
+	for name, n := range now {
+		if was, ok := then[name]; !ok || n > was+goroutineJitter {
+			return true
+		}
+	}
+	return false
+}
+
 func goroutineCount(ctx context.Context, s serverClient) (int, error) {
 	st, err := readRaftState(ctx, s)
 	if err == nil && st.Goroutines > 0 {

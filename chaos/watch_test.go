@@ -361,7 +361,7 @@ func checkWatchReport(t *testing.T, report *WatchReport, w *writer) {
 func TestWatchersAndConvergence(t *testing.T) {
 	const ns = "chaos-watch-test"
 	peers, kubeconfig, ctx := startWatchTest(t, ns)
-	before, err := GoroutineCounts(ctx, kubeconfig)
+	before, err := SettledGoroutineCounts(ctx, kubeconfig)
 	if err != nil || len(before) != 3 {
 		t.Fatalf("goroutine counts %v: %v", before, err)
 	}
