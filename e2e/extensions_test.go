@@ -65,7 +65,14 @@ func TestCustomResourcesWithKubectl(t *testing.T) {
 	t.Run("every server serves a new CRD", func(t *testing.T) {
 		start := time.Now()
 		k1.withT(t).ok("apply", "-f", "testdata/crontab-crd.yaml")
-		k1.withT(t).ok("wait", "--for=condition=Established", "crd/crontabs.stable.example.com", "--timeout=30s")
+		// kubectl 1.32's wait gives up at once on a CRD whose status.conditions is still null (the naming
+		// controller has not set any yet), as it is right after a create on kube-apiserver too: ask again.
+		proctest.WaitFor(t, "the CRD Established", 30*time.Second, func() error {
+			if out, err := k1.withT(t).run("wait", "--for=condition=Established", "crd/crontabs.stable.example.com", "--timeout=30s"); err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
 		for i, k := range ks {
 			k := k.withT(t)
 			proctest.WaitFor(t, fmt.Sprintf("server %d serving crontabs", i+1), 30*time.Second, func() error {
