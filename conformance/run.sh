@@ -42,17 +42,18 @@ stamp="-X k8s.io/component-base/version.gitVersion=$kube -X k8s.io/component-bas
 # links them again, which took about 2 minutes of each CI run.
 key=$(cat go.mod go.sum "$root/conformance/run.sh" | { cat; $GO version; } | sha256sum | cut -c1-16)
 cache=${SKIFF_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/skiff}/conformance/$key
-programs=(e2e.test ginkgo kubectl agnhost sample-apiserver)
+programs=(e2e.test ginkgo kubectl agnhost sample-apiserver nnp)
 if [ -f "$cache/complete" ]; then
-	log "e2e.test, ginkgo, kubectl $kube, agnhost and sample-apiserver from $cache"
+	log "e2e.test, ginkgo, kubectl $kube, agnhost, sample-apiserver and nonewprivs from $cache"
 else
-	log "building e2e.test, ginkgo, kubectl $kube, agnhost and sample-apiserver"
+	log "building e2e.test, ginkgo, kubectl $kube, agnhost, sample-apiserver and nonewprivs"
 	rm -rf "$cache" && mkdir -p "$cache"
 	$GO test -c -ldflags "$stamp" -o "$cache/e2e.test" k8s.io/kubernetes/test/e2e
 	$GO build -o "$cache/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
 	$GO build -ldflags "$stamp" -o "$cache/kubectl" k8s.io/kubernetes/cmd/kubectl
 	CGO_ENABLED=0 $GO build -trimpath -ldflags '-s -w' -o "$cache/agnhost" k8s.io/kubernetes/test/images/agnhost
 	CGO_ENABLED=0 $GO build -trimpath -ldflags "-s -w $stamp" -o "$cache/sample-apiserver" k8s.io/sample-apiserver
+	CGO_ENABLED=0 $GO build -trimpath -ldflags '-s -w' -o "$cache/nnp" k8s.io/kubernetes/test/images/nonewprivs
 	touch "$cache/complete"
 	# Other keys' builds are of no further use once they are old (a recent one may be another checkout's, in use).
 	find "$(dirname "$cache")" -mindepth 1 -maxdepth 1 -not -name "$key" -mmin +120 -exec rm -rf {} +
@@ -66,7 +67,7 @@ $GO build -o "$bin/report" ./conformance/report
 log "building the suite's images"
 rm -rf "$dir/images"
 $GO run ./conformance/images -out "$dir/images" -agnhost "$bin/agnhost" -sample-apiserver "$bin/sample-apiserver" \
-	-pause "$bin/pause" -test-images "$kmod/test/images" >/dev/null
+	-pause "$bin/pause" -nonewprivs "$bin/nnp" -test-images "$kmod/test/images" >/dev/null
 
 cluster=$dir/cluster
 "$root/bin/skiff" local down --dir "$cluster" >/dev/null 2>&1 || true

@@ -12,6 +12,8 @@
 //   - glibc-dns-testing: the base with dig, nslookup and host, for the DNS tests' queriers.
 //   - nginx (both versions): the host's nginx (Debian's nginx-light) serving its default page on port 80.
 //   - nonroot: the base, run as user 1234.
+//   - nonewprivs: the base with k8s.io/kubernetes' test/images/nonewprivs program at /usr/local/bin/nnp,
+//     setuid root as upstream's, printing its effective uid (the allowPrivilegeEscalation tests).
 //   - pause: Skiff's own pause process.
 //   - sample-apiserver: k8s.io/sample-apiserver, built from its module; etcd: the host's etcd at
 //     /usr/local/bin/etcd, for the aggregator test.
@@ -42,9 +44,10 @@ func main() {
 	agnhost := flag.String("agnhost", "", "the agnhost binary (k8s.io/kubernetes/test/images/agnhost, static)")
 	sampleAPIServer := flag.String("sample-apiserver", "", "the sample-apiserver binary (k8s.io/sample-apiserver, static)")
 	pause := flag.String("pause", "", "Skiff's pause binary (cmd/skiff-pause, static)")
+	nnp := flag.String("nonewprivs", "", "the nonewprivs program (k8s.io/kubernetes/test/images/nonewprivs, static)")
 	testImages := flag.String("test-images", "", "k8s.io/kubernetes' test/images directory, for the kitten and nautilus pages")
 	flag.Parse()
-	if *out == "" || *agnhost == "" || *sampleAPIServer == "" || *pause == "" || *testImages == "" {
+	if *out == "" || *agnhost == "" || *sampleAPIServer == "" || *pause == "" || *nnp == "" || *testImages == "" {
 		flag.Usage()
 		os.Exit(2)
 	}
@@ -63,6 +66,12 @@ func main() {
 		{[]imageutils.ImageID{imageutils.GlibcDnsTesting}, func() images.Spec { return b.base("/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host") }},
 		{[]imageutils.ImageID{imageutils.Nginx, imageutils.NginxNew}, b.nginx},
 		{[]imageutils.ImageID{imageutils.NonRoot}, func() images.Spec { s := b.base(); s.User = "1234"; return s }},
+		{[]imageutils.ImageID{imageutils.Nonewprivs}, func() images.Spec {
+			s := b.base()
+			s.Files = append(s.Files, images.File{Path: "/usr/local/bin/nnp", Mode: 0o755 | os.ModeSetuid, Data: b.read(*nnp)})
+			s.Env, s.Cmd = []string{images.BusyboxPATH + ":/usr/local/bin"}, []string{"nnp"}
+			return s
+		}},
 		{[]imageutils.ImageID{imageutils.Pause}, func() images.Spec { return images.PauseImage(b.read(*pause)) }},
 		{[]imageutils.ImageID{imageutils.APIServer}, func() images.Spec {
 			return images.Spec{Files: []images.File{{Path: "/sample-apiserver", Mode: 0o755, Data: b.read(*sampleAPIServer)}},
