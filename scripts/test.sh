@@ -24,7 +24,10 @@ E2E_PARALLEL=${E2E_PARALLEL:-3}
 # go vet runs once, in the lint phase; `go test` need not run its subset of it again in every package.
 gotest=("$GO" test -count=1 -vet=off)
 times=$(mktemp)
-trap 'rm -f "$times"' EXIT
+# Everything printed also goes to $log, so that the end can list what failed: CI keeps only an output's tail.
+log=$(mktemp)
+trap 'rm -f "$times" "$log"' EXIT
+exec > >(tee -a "$log") 2>&1
 
 phase() {
 	local name=$1 start=$SECONDS rc=0
@@ -92,6 +95,10 @@ elif [ $rc = 0 ]; then
 	smokes_pid=$!
 	wait $e2e_pid || rc=1
 	wait $smokes_pid || rc=1
+fi
+if [ $rc != 0 ]; then
+	echo "=== make test: what failed"
+	grep -a -E -- '--- FAIL:|\[FAIL\]|^(\[[a-z]+\] )?(FAIL|panic:|fatal error:)' "$log" | grep -a -v -E '^(\[[a-z]+\] )?FAIL$' | head -40 || true
 fi
 echo "=== make test: phase wall times"
 cat "$times"

@@ -473,6 +473,7 @@ func writeFileAtomic(path string, body []byte) error {
 // the HTTP server drains, and Raft and its stores close. It is safe to call more than once.
 func (s *Server) Shutdown() {
 	s.stopOnce.Do(func() {
+		stopping.Store(true)
 		if s.node.IsLeader() {
 			if err := s.node.TransferLeadership(""); err != nil {
 				s.logger.Warn("leadership transfer before shutdown failed", "error", err)
