@@ -6,6 +6,8 @@ import (
 	"compress/gzip"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -214,5 +216,89 @@ func readTarGz(t *testing.T, path string) map[string][]byte {
 			t.Fatal(err)
 		}
 		files[h.Name] = data
+	}
+}
+
+// A `skiff dev` killed outright (a crash, an OOM kill) leaves its pods, their network namespaces, its
+// containerd and its bridge with 10.244.0.1/24, the gateway of every dev node's pod CIDR. Two are killed with
+// kill -9 in a row, each with a web pod running; each next one removes what they left (nodeagent's
+// deadagents.go), and its own pod, which host-local gives the same IP as the dead ones', answers from the
+// host, with its own page: a dead bridge would have the host route that IP to a dead dev's pod, or nowhere.
+func TestDevAfterKilledDevs(t *testing.T) {
+	parallelOnHostNetwork(t)
+	requireRealRuntime(t)
+	bin := proctest.Binary(t)
+	var agentDirs []string
+	for round := 1; round <= 3; round++ {
+		dir, err := os.MkdirTemp("", "skiff-dev-e2e-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		agentDir := filepath.Join(dir, "agent")
+		agentDirs = append(agentDirs, agentDir)
+		t.Cleanup(func() { // after startDev's cleanup: see TestDevRunsAPod
+			if out, err := exec.Command(bin, "agent", "-name", "dev", "-data-dir", agentDir, "-teardown").CombinedOutput(); err != nil {
+				t.Errorf("teardown of %s: %v\n%s", dir, err, out)
+			}
+			os.RemoveAll(dir)
+		})
+		cmd, exited := startDev(t, bin, dir)
+		k := kubectl{t: t, kubeconfig: filepath.Join(dir, "admin.kubeconfig")}
+		proctest.WaitFor(t, "the dev node Ready", 90*time.Second, func() error {
+			if out, err := k.run("get", "node", "dev", "--no-headers"); err != nil || !strings.Contains(out, " Ready ") {
+				return fmt.Errorf("not yet: %s", out)
+			}
+			return nil
+		})
+		k.waitForAPI("default")
+		page := fmt.Sprintf("dev-round-%d", round)
+		manifest := filepath.Join(dir, "web.yaml")
+		if err := os.WriteFile(manifest, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+spec:
+  containers:
+  - name: httpd
+    image: skiff.local/busybox:1
+    command: ["sh", "-c", "mkdir -p /www && echo %s > /www/index.html && exec httpd -f -p 8080 -h /www"]
+    readinessProbe:
+      httpGet: {port: 8080}
+      periodSeconds: 1
+`, page)), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		k.ok("apply", "-f", manifest)
+		k.ok("wait", "--for=condition=Ready", "pod/web", "--timeout=90s")
+		ip := k.ok("get", "pod", "web", "-o", "jsonpath={.status.podIP}")
+		proctest.WaitFor(t, "round "+fmt.Sprint(round)+"'s pod answering from the host", 20*time.Second, func() error {
+			c := http.Client{Timeout: 2 * time.Second}
+			resp, err := c.Get("http://" + net.JoinHostPort(ip, "8080") + "/")
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			if got := strings.TrimSpace(string(body)); got != page {
+				return fmt.Errorf("%s answered %q, want %q", ip, got, page)
+			}
+			return nil
+		})
+		if round == 3 {
+			break
+		}
+		cmd.Process.Kill() // the dev process alone: its containerd and pods run on, as after a crash
+		err = <-exited
+		exited <- err // for startDev's cleanup
+	}
+	// The killed devs' bridges are gone; the live one's names its owner.
+	out, err := exec.Command("ip", "-d", "link", "show", "type", "bridge").CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip link: %v\n%s", err, out)
+	}
+	for i, dir := range agentDirs {
+		if has := strings.Contains(string(out), ":"+dir+"\n"); has != (i == 2) {
+			t.Errorf("a bridge owned by dev %d's agent (%s) present: %v, want %v:\n%s", i+1, dir, has, i == 2, out)
+		}
 	}
 }

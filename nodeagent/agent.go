@@ -187,18 +187,15 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "kubelet", Host: a.cfg.Name})
 	var services informers.SharedInformerFactory
 	if a.cfg.Runtime == config.RuntimeContainerd {
-		// The lock that shows other agents on this host that this one's iptables rules are alive; then the
-		// rules of agents that died without cleaning up go (a stale masquerade chain would hijack pod traffic).
+		// The lock that shows other agents on this host that this one's rules and bridge are alive; then what
+		// agents that died without cleaning up left goes (deadagents.go: a stale masquerade chain would hijack
+		// pod traffic, a stale bridge the route to the pod CIDR).
 		owner, err := proxy.Claim(a.cfg.DataDir, 10*time.Second)
 		if err != nil {
 			return err
 		}
 		defer owner.Release()
-		if removed, err := proxy.RemoveStale(ctx, proxy.Commands{}, hostID(a.cfg.Name, a.cfg.DataDir)); err != nil {
-			a.logger.Warn("removing iptables rules of dead agents", "error", err)
-		} else if len(removed) > 0 {
-			a.logger.Info("removed iptables rules of dead agents", "owners", removed)
-		}
+		removeDeadAgents(ctx, a.cfg, hostID(a.cfg.Name, a.cfg.DataDir), a.logger)
 		rt, err := newContainerdRuntime(ctx, a.cfg, a.logger)
 		if err != nil {
 			return err

@@ -7,7 +7,9 @@ import (
 	"hash/fnv"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -29,7 +31,28 @@ type podNetwork struct {
 
 // bridgeName is a per-node Linux bridge name (at most 15 bytes), stable across restarts and distinct for two
 // agents on one host.
-func bridgeName(node, dataDir string) string { return "skiff" + hostID(node, dataDir) }
+func bridgeName(node, dataDir string) string { return bridgeOf(hostID(node, dataDir)) }
+
+// bridgeOf is the bridge of the agent with this hostID.
+func bridgeOf(id string) string { return bridgePrefix + id }
+
+const bridgePrefix = "skiff"
+
+// claimBridge makes sure the node's pod bridge exists and names its owner in the link's alias: the owner
+// comment of the agent's iptables chains (proxy.OwnerComment), so that another agent that finds the owner
+// dead removes the bridge (removeDeadAgents). The CNI bridge plugin takes over a bridge that exists.
+func claimBridge(ctx context.Context, bridge, owner string) error {
+	if exec.CommandContext(ctx, "ip", "link", "show", "dev", bridge).Run() != nil {
+		out, err := exec.CommandContext(ctx, "ip", "link", "add", bridge, "type", "bridge").CombinedOutput()
+		if err != nil && !strings.Contains(string(out), "File exists") {
+			return fmt.Errorf("creating bridge %s: %v: %s", bridge, err, strings.TrimSpace(string(out)))
+		}
+	}
+	if out, err := exec.CommandContext(ctx, "ip", "link", "set", "dev", bridge, "alias", owner).CombinedOutput(); err != nil {
+		return fmt.Errorf("naming the owner of bridge %s: %v: %s", bridge, err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
 
 // hostID names what one agent makes on its host (bridge, nat chain): 8 hex digits, stable across restarts.
 func hostID(node, dataDir string) string {
@@ -38,11 +61,12 @@ func hostID(node, dataDir string) string {
 	return fmt.Sprintf("%08x", h.Sum32())
 }
 
-func newPodNetwork(node, dataDir, podCIDR string) (*podNetwork, error) {
+// newPodNetwork is the pod network of the agent with this hostID and data dir.
+func newPodNetwork(id, dataDir, podCIDR string) (*podNetwork, error) {
 	if _, _, err := net.ParseCIDR(podCIDR); err != nil {
-		return nil, fmt.Errorf("node %s has no usable pod CIDR (%q); set agent.pod_cidr or the servers' cluster_cidr", node, podCIDR)
+		return nil, fmt.Errorf("no usable pod CIDR (%q); set agent.pod_cidr or the servers' cluster_cidr", podCIDR)
 	}
-	bridge := bridgeName(node, dataDir)
+	bridge := bridgeOf(id)
 	ipamDir := filepath.Join(dataDir, "cni", "ipam")
 	conf := map[string]any{
 		"cniVersion": "1.0.0",

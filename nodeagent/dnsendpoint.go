@@ -21,6 +21,7 @@ import (
 
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/nodeagent/dns"
+	"github.com/skiff-dev/skiff/nodeagent/proxy"
 )
 
 // clusterFacts holds the servers' kube-system/skiff-cluster ConfigMap as the agent last read it.
@@ -133,10 +134,10 @@ func gatewayAddr(podCIDR string) (net.IP, *net.IPNet, error) {
 	return gw, ipn, nil
 }
 
-// ensureBridge makes sure the node's pod bridge exists, is up and carries the gateway address before the
+// ensureBridge makes sure the node's pod bridge exists (claimBridge), is up and carries the gateway address before the
 // first pod creates it, so that CoreDNS can listen there from the start. The CNI bridge plugin takes over a
 // bridge that already has its gateway address.
-func ensureBridge(ctx context.Context, bridge string, gw net.IP, ipn *net.IPNet) error {
+func ensureBridge(ctx context.Context, bridge, owner string, gw net.IP, ipn *net.IPNet) error {
 	ones, _ := ipn.Mask.Size()
 	run := func(args ...string) error {
 		out, err := exec.CommandContext(ctx, "ip", args...).CombinedOutput()
@@ -145,10 +146,8 @@ func ensureBridge(ctx context.Context, bridge string, gw net.IP, ipn *net.IPNet)
 		}
 		return nil
 	}
-	if err := exec.CommandContext(ctx, "ip", "link", "show", "dev", bridge).Run(); err != nil {
-		if err := run("link", "add", bridge, "type", "bridge"); err != nil && !strings.Contains(err.Error(), "File exists") {
-			return err
-		}
+	if err := claimBridge(ctx, bridge, owner); err != nil {
+		return err
 	}
 	if err := run("addr", "replace", fmt.Sprintf("%s/%d", gw, ones), "dev", bridge); err != nil {
 		return err
@@ -228,7 +227,8 @@ func (a *Agent) runClusterDNS(ctx context.Context, access *apiAccess, node *core
 
 // ensureNodeDNS renders the Corefile for the facts and has the node's DNS process serve it.
 func (a *Agent) ensureNodeDNS(ctx context.Context, binary string, facts dns.Facts, gw net.IP, ipn *net.IPNet, access *apiAccess) (bool, error) {
-	if err := ensureBridge(ctx, bridgeName(a.cfg.Name, a.cfg.DataDir), gw, ipn); err != nil {
+	id := hostID(a.cfg.Name, a.cfg.DataDir)
+	if err := ensureBridge(ctx, bridgeOf(id), proxy.OwnerComment(id, a.cfg.DataDir), gw, ipn); err != nil {
 		return false, err
 	}
 	tmpl := dns.DefaultCorefile

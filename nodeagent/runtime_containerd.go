@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/fnv"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
@@ -64,6 +63,7 @@ const (
 // and app containers, with probes, restarts and graceful termination, following the kubelet's kuberuntime.
 type containerdRuntime struct {
 	cfg     *config.Agent
+	id      string // hostID: names the agent's bridge and chains on the host
 	logger  hclog.Logger
 	client  *containerd.Client
 	daemon  *privateContainerd
@@ -103,7 +103,7 @@ type containerdRuntime struct {
 
 // newContainerdRuntime connects to containerd: the configured socket, or a private daemon under the data dir.
 func newContainerdRuntime(ctx context.Context, cfg *config.Agent, logger hclog.Logger) (*containerdRuntime, error) {
-	r := &containerdRuntime{cfg: cfg, logger: logger, hostIP: cfg.AdvertiseAddr,
+	r := &containerdRuntime{cfg: cfg, id: hostID(cfg.Name, cfg.DataDir), logger: logger, hostIP: cfg.AdvertiseAddr,
 		crashBackoff: newRestartBackoff(10*time.Second, 300*time.Second, 10*time.Minute, time.Now),
 		pullBackoff:  newRestartBackoff(10*time.Second, 300*time.Second, 0, time.Now),
 		watching:     map[string]bool{}, waiting: map[types.UID]map[string]corev1.ContainerStateWaiting{}, events: map[string]bool{}}
@@ -158,23 +158,26 @@ func (r *containerdRuntime) podNetwork() (*podNetwork, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.network == nil {
-		n, err := newPodNetwork(r.cfg.Name, r.cfg.DataDir, r.podCIDR)
+		n, err := newPodNetwork(r.id, r.cfg.DataDir, r.podCIDR)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("node %s: %w", r.cfg.Name, err)
 		}
 		r.network = n
 	}
 	return r.network, nil
 }
 
-// ensureMasquerade makes sure of the masquerade chain if this run of the agent has not yet: with the bridge's
-// ipMasq off, a new pod's egress depends on it. Only pod creation needs it, so deletions never wait on
-// iptables.
-func (r *containerdRuntime) ensureMasquerade(ctx context.Context) error {
+// ensureNodeNetwork makes sure of the node's bridge, marked as this agent's (claimBridge), and of the
+// masquerade chain if this run of the agent has not yet: with the bridge's ipMasq off, a new pod's egress
+// depends on it. Only pod creation needs them, so deletions never wait on iptables.
+func (r *containerdRuntime) ensureNodeNetwork(ctx context.Context) error {
 	r.masqMu.Lock()
 	defer r.masqMu.Unlock()
 	if r.masqApplied {
 		return nil
+	}
+	if err := claimBridge(ctx, bridgeOf(r.id), proxy.OwnerComment(r.id, r.cfg.DataDir)); err != nil {
+		return err
 	}
 	return r.syncMasqueradeLocked(ctx)
 }
@@ -190,7 +193,7 @@ func (r *containerdRuntime) setPodCIDRs(ctx context.Context, cidrs []string, rec
 	}
 	r.masqCIDRs = cidrs
 	if r.podCIDR == "" {
-		return // no pods without a pod CIDR: ensureMasquerade writes the chain before the first
+		return // no pods without a pod CIDR: ensureNodeNetwork writes the chain before the first
 	}
 	if err := r.syncMasqueradeLocked(ctx); err != nil {
 		r.logger.Warn("updating the pod egress masquerade", "error", err)
@@ -203,8 +206,7 @@ func (r *containerdRuntime) syncMasqueradeLocked(ctx context.Context) error {
 	if !slices.Contains(exempt, r.podCIDR) { // agent.pod_cidr may differ from the Node's spec
 		exempt = append([]string{r.podCIDR}, exempt...)
 	}
-	id := hostID(r.cfg.Name, r.cfg.DataDir)
-	err := proxy.SyncMasquerade(ctx, proxy.MasqueradeChain(id), proxy.OwnerComment(id, r.cfg.DataDir), r.podCIDR, exempt, r.masqCIDRs == nil)
+	err := proxy.SyncMasquerade(ctx, proxy.MasqueradeChain(r.id), proxy.OwnerComment(r.id, r.cfg.DataDir), r.podCIDR, exempt, r.masqCIDRs == nil)
 	r.masqApplied = err == nil
 	return err
 }
@@ -1020,12 +1022,19 @@ const podCIDRFile = "pod-cidr"
 // agent's containerd (a private one is started for the purpose and stopped after). `skiff agent -teardown`
 // runs it to decommission a node; tests run it so that a failed test leaves nothing behind.
 func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error {
+	return teardown(ctx, cfg, hostID(cfg.Name, cfg.DataDir), logger)
+}
+
+// teardown is Teardown of the agent with this hostID: another agent removing a dead one's pods knows its id
+// and data dir, not its node name (removeDeadAgents).
+func teardown(ctx context.Context, cfg *config.Agent, id string, logger hclog.Logger) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	r, err := newContainerdRuntime(ctx, cfg, logger)
 	if err != nil {
 		return err
 	}
+	r.id = id
 	defer func() {
 		r.Close()
 		cancel() // before the stop, so the daemon's supervisor does not restart it
@@ -1052,14 +1061,11 @@ func Teardown(ctx context.Context, cfg *config.Agent, logger hclog.Logger) error
 		// the node: every shim of this daemon goes.
 		killShims(r.daemon.socket())
 	}
-	bridge := bridgeName(cfg.Name, cfg.DataDir)
-	if out, err := exec.CommandContext(ctx, "ip", "link", "del", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
-		errs = append(errs, fmt.Errorf("removing bridge %s: %v: %s", bridge, err, out))
-	}
+	errs = append(errs, removeBridge(ctx, bridgeOf(id)))
 	// The node's DNS process, which outlives agent restarts.
 	errs = append(errs, dns.StopChild(dnsDir(cfg)))
 	// The masquerade chain and any service chains a killed agent left.
-	errs = append(errs, proxy.RemoveAll(ctx, proxy.Commands{}, hostID(cfg.Name, cfg.DataDir)))
+	errs = append(errs, proxy.RemoveAll(ctx, proxy.Commands{}, id))
 	// Mounts a killed containerd left behind under the data dir (its temporary unpack mounts, say).
 	errs = append(errs, unmountUnder(cfg.DataDir))
 	// The parent cgroups runc made for the containers' /skiff/<id> paths; rmdir removes only empty ones, so

@@ -741,12 +741,12 @@ func TestBridgeName(t *testing.T) {
 
 func TestNewPodNetwork(t *testing.T) {
 	for _, cidr := range []string{"", "10.42.0.0", "garbage", "10.42.0.0/33"} {
-		if _, err := newPodNetwork("n1", t.TempDir(), cidr); err == nil {
+		if _, err := newPodNetwork(hostID("n1", "d"), t.TempDir(), cidr); err == nil {
 			t.Errorf("newPodNetwork accepted pod CIDR %q", cidr)
 		}
 	}
 	dir := t.TempDir()
-	n, err := newPodNetwork("n1", dir, "10.42.3.0/24")
+	n, err := newPodNetwork(hostID("n1", dir), dir, "10.42.3.0/24")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -123,7 +123,7 @@ func (r *containerdRuntime) startSandbox(ctx context.Context, pod *corev1.Pod, c
 		if err != nil {
 			return nil, err
 		}
-		if err := r.ensureMasquerade(ctx); err != nil {
+		if err := r.ensureNodeNetwork(ctx); err != nil {
 			return nil, err
 		}
 		if sb.ip, err = network.add(ctx, id, sb.netns, pod); err != nil {

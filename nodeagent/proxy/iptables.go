@@ -193,7 +193,7 @@ func (c Commands) removeChains(ctx context.Context, doomed func(chain string) bo
 }
 
 // staleOwners finds the ids whose chains no live agent owns (see ownership.go); self is never stale.
-func (c Commands) staleOwners(ctx context.Context, self string) (map[string]bool, error) {
+func (c Commands) staleOwners(ctx context.Context, self string) (map[string]string, error) {
 	seen := map[string]bool{}
 	dirs := map[string]string{}
 	for _, table := range tables {
@@ -207,30 +207,31 @@ func (c Commands) staleOwners(ctx context.Context, self string) (map[string]bool
 			}
 		}
 		for _, r := range saved.rules {
-			if id, dir, ok := parseOwnerComment(r.comment()); ok {
+			if id, dir, ok := ParseOwnerComment(r.comment()); ok {
 				dirs[id] = dir
 			}
 		}
 	}
-	stale := map[string]bool{}
+	stale := map[string]string{}
 	for id := range seen {
 		dir, known := dirs[id]
-		if id != self && (!known || !ownerAlive(dir)) {
-			stale[id] = true
+		if id != self && (!known || !OwnerAlive(dir)) {
+			stale[id] = dir
 		}
 	}
 	return stale, nil
 }
 
 // RemoveStale removes the chains and jumps of every agent that is not alive (ownership.go), its pod egress
-// masquerade chain included. self, the calling agent's id, is left alone; the caller holds its Claim.
-func RemoveStale(ctx context.Context, cmds Commands, self string) (removed []string, err error) {
+// masquerade chain included, and returns the ids of those agents with their data dirs ("" when no comment
+// named one). self, the calling agent's id, is left alone; the caller holds its Claim.
+func RemoveStale(ctx context.Context, cmds Commands, self string) (removed map[string]string, err error) {
 	cmds = cmds.withDefaults()
 	stale, err := cmds.staleOwners(ctx, self)
 	if err != nil || len(stale) == 0 {
 		return nil, err
 	}
-	return keys(stale), cmds.removeChains(ctx, func(ch string) bool { return stale[chainOwnerID(ch)] })
+	return stale, cmds.removeChains(ctx, func(ch string) bool { _, ok := stale[chainOwnerID(ch)]; return ok })
 }
 
 // RemoveAll removes every chain and jump of the agent with this id, its pod egress masquerade included:
@@ -241,12 +242,4 @@ func RemoveAll(ctx context.Context, cmds Commands, id string) error {
 		return nil
 	}
 	return cmds.removeChains(ctx, func(ch string) bool { return chainOwnerID(ch) == id })
-}
-
-func keys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
 }

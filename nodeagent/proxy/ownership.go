@@ -31,8 +31,8 @@ func OwnerComment(id, dataDir string) string {
 	return "skiff:" + id + ":" + dataDir
 }
 
-// parseOwnerComment is OwnerComment's inverse.
-func parseOwnerComment(comment string) (id, dataDir string, ok bool) {
+// ParseOwnerComment is OwnerComment's inverse.
+func ParseOwnerComment(comment string) (id, dataDir string, ok bool) {
 	rest, ok := strings.CutPrefix(comment, "skiff:")
 	if !ok {
 		return "", "", false
@@ -77,9 +77,9 @@ func (o *Ownership) Release() {
 	}
 }
 
-// ownerAlive tells whether the agent that wrote an owner comment with this data dir still runs. Unknown
+// OwnerAlive tells whether the agent that wrote an owner comment with this data dir still runs. Unknown
 // data dirs ("") count as alive: nothing is removed without proof.
-func ownerAlive(dataDir string) bool {
+func OwnerAlive(dataDir string) bool {
 	if dataDir == "" {
 		return true
 	}

@@ -263,7 +263,7 @@ func TestOwnerComment(t *testing.T) {
 		{"0000abcd", `/tmp/quo"te`, ""},
 		{"0000abcd", "/" + strings.Repeat("x", 300), ""},
 	} {
-		id, dir, ok := parseOwnerComment(OwnerComment(tc.id, tc.dir))
+		id, dir, ok := ParseOwnerComment(OwnerComment(tc.id, tc.dir))
 		if !ok || id != tc.id || dir != tc.wantDir {
 			t.Errorf("OwnerComment(%q, %q) reads back as %q, %q, %v", tc.id, tc.dir, id, dir, ok)
 		}
