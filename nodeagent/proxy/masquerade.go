@@ -16,6 +16,7 @@ import (
 //
 //	nat POSTROUTING: -s <node pod CIDR> -m comment --comment <owner> -j SKIFF-MASQ-<id>
 //	SKIFF-MASQ-<id>: -m comment --comment <owner> (no target: it only names the owner, see ownership.go)
+//	                 -m physdev --physdev-is-bridged -j RETURN (switched by a bridge, not routed here)
 //	                 -d <each Node's pod CIDR> -j RETURN; -d 224.0.0.0/4 -j RETURN; -j MASQUERADE
 //
 // RETURN, not ACCEPT: the rest of POSTROUTING still applies, portmap's hairpin masquerade for hostPorts
@@ -33,6 +34,10 @@ func masqueradeRules(chain, owner string, podCIDRs []string) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "*nat\n:%s - [0:0]\n", chain)
 	fmt.Fprintf(&b, "-A %s %s\n", chain, commentArg(owner))
+	// Only traffic this host routes: with br_netfilter, frames another bridge on the host switches between
+	// its ports pass POSTROUTING too, and the source match alone took another cluster's pods with the same
+	// pod CIDR (a `skiff local` beside a `skiff dev`) for this node's, and rewrote their cross-node traffic.
+	fmt.Fprintf(&b, "-A %s -m physdev --physdev-is-bridged -j RETURN\n", chain)
 	for _, cidr := range podCIDRs {
 		fmt.Fprintf(&b, "-A %s -d %s -j RETURN\n", chain, cidr)
 	}
