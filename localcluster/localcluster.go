@@ -99,7 +99,9 @@ type State struct {
 	Token   string `json:"token"`
 	// GossipKey encrypts the gossip pool (every HCL's `encrypt`), as a production cluster should.
 	GossipKey string `json:"gossip_key"`
-	Hosts     []Host `json:"hosts"`
+	// PodCIDR is the servers' cluster_cidr: a /16 no other cluster on the machine routes (freePodCIDR).
+	PodCIDR string `json:"pod_cidr,omitempty"`
+	Hosts   []Host `json:"hosts"`
 }
 
 // ClusterKubeconfig is <dir>/kubeconfig, written by WriteClusterKubeconfig.
@@ -256,6 +258,9 @@ func Up(ctx context.Context, opts Options) (*State, error) {
 		return nil, err
 	}
 	st.Gateway = prefix + ".1"
+	if st.PodCIDR, err = freePodCIDR(); err != nil {
+		return nil, err
+	}
 	if err := st.save(dir); err != nil { // from here on, `down` can undo whatever was made
 		return nil, err
 	}
@@ -351,6 +356,60 @@ func freeSubnet() (string, error) {
 	return "", errors.New("no free 10.x.y.0/24 for the local cluster")
 }
 
+// freePodCIDR picks a 10.x.0.0/16 (x from 100 to 199) for the cluster's pods that overlaps no route of this
+// machine's, in its own network namespace or in any named one: the hosts of other local clusters route their
+// pod CIDRs there, and a `skiff dev` or an agent on the machine itself here. Two clusters on one machine then
+// never share pod addresses, and the machine can route to each cluster's pods.
+func freePodCIDR() (string, error) {
+	var used []*net.IPNet
+	add := func(args ...string) error {
+		out, err := exec.Command("ip", append(args, "-j", "route", "show", "table", "all")...).Output()
+		if err != nil {
+			return fmt.Errorf("ip %s route show: %w", strings.Join(args, " "), err)
+		}
+		var routes []struct {
+			Dst string `json:"dst"`
+		}
+		if err := json.Unmarshal(out, &routes); err != nil {
+			return fmt.Errorf("ip %s route show: %w", strings.Join(args, " "), err)
+		}
+		for _, r := range routes {
+			if !strings.Contains(r.Dst, "/") {
+				r.Dst += "/32" // a host route; "default" fails to parse and is skipped
+			}
+			if _, n, err := net.ParseCIDR(r.Dst); err == nil && n.IP.To4() != nil {
+				if ones, _ := n.Mask.Size(); ones > 0 {
+					used = append(used, n)
+				}
+			}
+		}
+		return nil
+	}
+	if err := add(); err != nil {
+		return "", err
+	}
+	namespaces, _ := os.ReadDir("/run/netns")
+	for _, ns := range namespaces {
+		_ = add("-n", ns.Name()) // one going away meanwhile is no matter
+	}
+	start, _ := rand.Int(rand.Reader, big.NewInt(100))
+	for i := int64(0); i < 100; i++ {
+		cidr := fmt.Sprintf("10.%d.0.0/16", 100+(start.Int64()+i)%100)
+		_, candidate, _ := net.ParseCIDR(cidr)
+		free := true
+		for _, n := range used {
+			if n.Contains(candidate.IP) || candidate.Contains(n.IP) {
+				free = false
+				break
+			}
+		}
+		if free {
+			return cidr, nil
+		}
+	}
+	return "", errors.New("no free 10.x.0.0/16 (x from 100 to 199) for the local cluster's pods")
+}
+
 // makeHost creates the host's namespace and wires it to the bridge.
 func makeHost(st *State, h *Host) error {
 	peer := "p" + h.Veth[1:]
@@ -385,6 +444,10 @@ func hostHCL(st *State, h *Host, dir string, serverIPs []string, opts Options) s
 		return strings.Join(q, ", ")
 	}
 	dataDir := filepath.Join(dir, h.Name, "data")
+	clusterCIDR := ""
+	if st.PodCIDR != "" {
+		clusterCIDR = fmt.Sprintf("\n  # Pods' addresses: a range no other cluster on this machine uses.\n  cluster_cidr     = %q", st.PodCIDR)
+	}
 	if h.Role == "server" {
 		return fmt.Sprintf(`# skiff local: server %s in network namespace %s
 name      = %q
@@ -397,9 +460,9 @@ server {
   retry_interval   = "500ms"
   token            = %q
   # The servers reach pods (webhooks, extension API servers) through each node's pod CIDR route.
-  route_pod_cidrs  = true
+  route_pod_cidrs  = true%s
 }
-`, h.Name, h.Netns, h.Name, dataDir, h.IP, st.GossipKey, len(serverIPs), quoted(serverIPs), st.Token)
+`, h.Name, h.Netns, h.Name, dataDir, h.IP, st.GossipKey, len(serverIPs), quoted(serverIPs), st.Token, clusterCIDR)
 	}
 	return fmt.Sprintf(`# skiff local: agent %s in network namespace %s
 name      = %q
