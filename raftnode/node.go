@@ -138,6 +138,10 @@ type Node struct {
 
 	// Writes in flight when this peer lost its leadership, waiting to learn whether they committed (outcome.go).
 	outcomes outcomeWaiters
+	// commitNotice asks the leader to let followers know of a commit now (commitnotice.go).
+	commitNotice chan struct{}
+	// lastIndexAtAck is the end of the log when this peer, as leader, last acknowledged a write.
+	lastIndexAtAck atomic.Uint64
 
 	removed     chan struct{}
 	removedOnce sync.Once
@@ -163,6 +167,7 @@ func New(cfg Config) (*Node, error) {
 		cfg: cfg, logger: cfg.Logger.Named("raft"), store: fsm.New(cfg.Store),
 		notifyCh: make(chan bool, 16), ready: make(chan struct{}),
 		removed: make(chan struct{}), shutdown: make(chan struct{}), metrics: newMetrics(),
+		commitNotice: make(chan struct{}, 1),
 	}
 	if err := n.open(); err != nil {
 		n.closeResources()
@@ -173,6 +178,7 @@ func New(cfg Config) (*Node, error) {
 	go n.membershipLoop()
 	go n.snapshotConflictLoop()
 	n.OnLeadership("ttl-reaper", n.reapExpired)
+	n.OnLeadership("commit-notice", n.announceCommits)
 	return n, nil
 }
 
@@ -399,6 +405,7 @@ func (n *Node) applyLocal(ctx context.Context, data []byte) (fsm.Result, error) 
 		}
 	}
 	n.transferRefusedSince.Store(0)
+	n.noteCommitted()
 	res, ok := f.Response().(fsm.Result)
 	if !ok {
 		return fsm.Result{}, fmt.Errorf("raftnode: unexpected FSM response %T", f.Response())

@@ -18,6 +18,7 @@ bench            Write                                      300x
 bench            Failover                                   2x
 bench            API                                        200x  -api.list-pods=300 -api.watchers=30
 bench            Admission                                  200x
+bench            CacheLag                                   100x
 bench            CRDs                                       200x  -crd.count=5
 bench            Scheduler                                  1x    -sched.nodes=200 -sched.pods=300 -sched.affinity-pods=100
 scheduler        CacheMemory                                1x    -mem.nodes=500 -mem.pods=5000
