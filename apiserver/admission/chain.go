@@ -61,7 +61,7 @@ func NewChain(cfg *genericapiserver.RecommendedConfig, c Config) (admission.Inte
 	nodeRestriction := newNodeRestriction(factory.Core().V1().Pods().Lister(), factory.Core().V1().PersistentVolumes().Lister())
 	nodeRestriction.podCertificates = &podCertificateRestriction{nodes: factory.Core().V1().Nodes().Lister(),
 		serviceAccounts: factory.Core().V1().ServiceAccounts().Lister(), authz: cfg.Authorization.Authorizer}
-	return admission.NewChainHandler(nl, newLimitRanger(factory.Core().V1().LimitRanges().Lister()), newServiceAccountAdmission(client, factory),
+	return admission.NewChainHandler(nl, newLimitRanger(factory.Core().V1().LimitRanges().Lister(), client), newServiceAccountAdmission(client, factory),
 		nodeRestriction, podSecurity, newPriorityAdmission(factory),
 		newDefaultTolerationAdmission(c.TolerationSeconds), newDefaultStorageClass(factory.Storage().V1().StorageClasses().Lister()),
 		newStorageObjectInUseProtection(), newRuntimeClassAdmission(client, factory), c.Certificates, policies.mutatingPolicy, policies.mutating, policies.policy, policies.validating, quota), nil

@@ -5,13 +5,17 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apiresource "k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	utilerrors "k8s.io/apimachinery/pkg/util/errors"
 	"k8s.io/apiserver/pkg/admission"
+	"k8s.io/client-go/kubernetes"
 	corev1listers "k8s.io/client-go/listers/core/v1"
+	"k8s.io/utils/lru"
 )
 
 // limitRanger is Kubernetes' LimitRanger admission, written again on v1 objects (the library's plugin casts
@@ -25,10 +29,30 @@ import (
 //
 // LimitRanges themselves get Kubernetes' defaults (a Container item's default limit from max, defaultRequest
 // from default, then min) and validation.
+//
+// As Kubernetes' does, when the informer holds no LimitRange for the namespace it looks the namespace's up
+// live (a consistent list through the server's loopback client) and keeps the answer for 30 s: a LimitRange
+// created just before a pod, which this server's informer may not have yet, still applies to it.
 type limitRanger struct {
 	*admission.Handler
 	ranges corev1listers.LimitRangeLister
+	client kubernetes.Interface
+	// live holds liveRanges by namespace, at most liveLookupNamespaces of them.
+	live *lru.Cache
+	now  func() time.Time
 }
+
+// liveRanges are a namespace's LimitRanges as a live lookup found them, good until expires.
+type liveRanges struct {
+	ranges  []*corev1.LimitRange
+	expires time.Time
+}
+
+// Kubernetes' LimitRanger's live-lookup cache: its size and how long an answer stands.
+const (
+	liveLookupNamespaces = 4096
+	liveLookupTTL        = 30 * time.Second
+)
 
 var (
 	_ admission.MutationInterface   = &limitRanger{}
@@ -38,13 +62,35 @@ var (
 // limitRangerAnnotation lists on a pod what LimitRanger set, as Kubernetes does.
 const limitRangerAnnotation = "kubernetes.io/limit-ranger"
 
-func newLimitRanger(ranges corev1listers.LimitRangeLister) *limitRanger {
-	return &limitRanger{Handler: admission.NewHandler(admission.Create, admission.Update), ranges: ranges}
+func newLimitRanger(ranges corev1listers.LimitRangeLister, client kubernetes.Interface) *limitRanger {
+	return &limitRanger{Handler: admission.NewHandler(admission.Create, admission.Update), ranges: ranges, client: client,
+		live: lru.New(liveLookupNamespaces), now: time.Now}
+}
+
+// namespaceRanges are the namespace's LimitRanges: the informer's, or when it has none a live lookup's.
+func (l *limitRanger) namespaceRanges(ctx context.Context, namespace string) ([]*corev1.LimitRange, error) {
+	ranges, err := l.ranges.LimitRanges(namespace).List(labels.Everything())
+	if err != nil || len(ranges) > 0 {
+		return ranges, err
+	}
+	if v, ok := l.live.Get(namespace); ok && l.now().Before(v.(liveRanges).expires) {
+		return v.(liveRanges).ranges, nil
+	}
+	list, err := l.client.CoreV1().LimitRanges(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("looking up the LimitRanges of namespace %s: %w", namespace, err)
+	}
+	ranges = make([]*corev1.LimitRange, 0, len(list.Items))
+	for i := range list.Items {
+		ranges = append(ranges, &list.Items[i])
+	}
+	l.live.Add(namespace, liveRanges{ranges: ranges, expires: l.now().Add(liveLookupTTL)})
+	return ranges, nil
 }
 
 // limitItems are the namespace's LimitRange items of a type, in a stable order.
-func (l *limitRanger) limitItems(namespace string, typ corev1.LimitType) ([]corev1.LimitRangeItem, error) {
-	ranges, err := l.ranges.LimitRanges(namespace).List(labels.Everything())
+func (l *limitRanger) limitItems(ctx context.Context, namespace string, typ corev1.LimitType) ([]corev1.LimitRangeItem, error) {
+	ranges, err := l.namespaceRanges(ctx, namespace)
 	if err != nil {
 		return nil, err
 	}
@@ -60,7 +106,7 @@ func (l *limitRanger) limitItems(namespace string, typ corev1.LimitType) ([]core
 	return items, nil
 }
 
-func (l *limitRanger) Admit(_ context.Context, a admission.Attributes, _ admission.ObjectInterfaces) error {
+func (l *limitRanger) Admit(ctx context.Context, a admission.Attributes, _ admission.ObjectInterfaces) error {
 	if a.GetOperation() != admission.Create || a.GetSubresource() != "" || a.GetResource().GroupResource() != podsResource {
 		return nil
 	}
@@ -68,7 +114,7 @@ func (l *limitRanger) Admit(_ context.Context, a admission.Attributes, _ admissi
 	if !ok {
 		return nil
 	}
-	items, err := l.limitItems(a.GetNamespace(), corev1.LimitTypeContainer)
+	items, err := l.limitItems(ctx, a.GetNamespace(), corev1.LimitTypeContainer)
 	if err != nil {
 		return admission.NewForbidden(a, err)
 	}
@@ -131,7 +177,7 @@ func applyContainerDefaults(c *corev1.Container, item corev1.LimitRangeItem) []s
 	return out
 }
 
-func (l *limitRanger) Validate(_ context.Context, a admission.Attributes, _ admission.ObjectInterfaces) error {
+func (l *limitRanger) Validate(ctx context.Context, a admission.Attributes, _ admission.ObjectInterfaces) error {
 	if a.GetSubresource() != "" {
 		return nil
 	}
@@ -141,7 +187,7 @@ func (l *limitRanger) Validate(_ context.Context, a admission.Attributes, _ admi
 		if a.GetOperation() != admission.Create {
 			return nil
 		}
-		items, err := l.limitItems(a.GetNamespace(), corev1.LimitTypeContainer)
+		items, err := l.limitItems(ctx, a.GetNamespace(), corev1.LimitTypeContainer)
 		if err != nil {
 			return admission.NewForbidden(a, err)
 		}
@@ -152,7 +198,7 @@ func (l *limitRanger) Validate(_ context.Context, a admission.Attributes, _ admi
 				}
 			}
 		}
-		if items, err = l.limitItems(a.GetNamespace(), corev1.LimitTypePod); err != nil {
+		if items, err = l.limitItems(ctx, a.GetNamespace(), corev1.LimitTypePod); err != nil {
 			return admission.NewForbidden(a, err)
 		}
 		requests, limits := podTotals(obj)
@@ -160,7 +206,7 @@ func (l *limitRanger) Validate(_ context.Context, a admission.Attributes, _ admi
 			errs = append(errs, checkLimits(item, corev1.LimitTypePod, requests, limits)...)
 		}
 	case *corev1.PersistentVolumeClaim:
-		items, err := l.limitItems(a.GetNamespace(), corev1.LimitTypePersistentVolumeClaim)
+		items, err := l.limitItems(ctx, a.GetNamespace(), corev1.LimitTypePersistentVolumeClaim)
 		if err != nil {
 			return admission.NewForbidden(a, err)
 		}
