@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/kubernetes/pkg/apis/core"
+	corevalidation "k8s.io/kubernetes/pkg/apis/core/validation"
 	configmapregistry "k8s.io/kubernetes/pkg/registry/core/configmap"
 	limitrangeregistry "k8s.io/kubernetes/pkg/registry/core/limitrange"
 	podtemplateregistry "k8s.io/kubernetes/pkg/registry/core/podtemplate"
@@ -142,6 +143,39 @@ var podTemplateColumns = []column{
 
 // Services.
 
+// validateLoadBalancerFields is Kubernetes' validation of the fields only a LoadBalancer Service may set:
+// loadBalancerSourceRanges (CIDRs, space-padding allowed), allocateLoadBalancerNodePorts and loadBalancerClass
+// (a qualified name).
+func validateLoadBalancerFields(svc *corev1.Service) field.ErrorList {
+	spec := field.NewPath("spec")
+	lb := svc.Spec.Type == corev1.ServiceTypeLoadBalancer
+	var errs field.ErrorList
+	onlyLB := "may only be used when `type` is 'LoadBalancer'"
+	if ranges := svc.Spec.LoadBalancerSourceRanges; len(ranges) > 0 {
+		path := spec.Child("LoadBalancerSourceRanges") // sic: Kubernetes' field path
+		if !lb {
+			errs = append(errs, field.Forbidden(path, onlyLB))
+		}
+		for i, r := range ranges {
+			errs = append(errs, corevalidation.IsValidCIDRForLegacyField(path.Index(i), strings.TrimSpace(r), nil)...)
+		}
+	}
+	if svc.Spec.AllocateLoadBalancerNodePorts != nil && !lb {
+		errs = append(errs, field.Forbidden(spec.Child("allocateLoadBalancerNodePorts"), onlyLB))
+	}
+	if lb && svc.Spec.AllocateLoadBalancerNodePorts == nil {
+		errs = append(errs, field.Required(field.NewPath("allocateLoadBalancerNodePorts"), ""))
+	}
+	if c := svc.Spec.LoadBalancerClass; c != nil {
+		if !lb {
+			errs = append(errs, field.Forbidden(spec.Child("loadBalancerClass"), onlyLB))
+		} else {
+			errs = append(errs, corevalidation.ValidateQualifiedName(*c, spec.Child("loadBalancerClass"))...)
+		}
+	}
+	return errs
+}
+
 func defaultService(o runtime.Object) {
 	svc := o.(*corev1.Service)
 	if svc.Spec.Type == "" {
@@ -165,6 +199,10 @@ func defaultService(o runtime.Object) {
 	}
 	if svc.Spec.ExternalTrafficPolicy == "" && hasNodePorts(svc) {
 		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+	}
+	if svc.Spec.Type == corev1.ServiceTypeLoadBalancer && svc.Spec.AllocateLoadBalancerNodePorts == nil {
+		allocate := true
+		svc.Spec.AllocateLoadBalancerNodePorts = &allocate
 	}
 	if svc.Spec.SessionAffinity == corev1.ServiceAffinityClientIP {
 		if svc.Spec.SessionAffinityConfig == nil {
@@ -272,9 +310,15 @@ func validateService(o runtime.Object) field.ErrorList {
 			errs = append(errs, field.NotSupported(spec.Child("internalTrafficPolicy"), *p, policies))
 		}
 	}
-	if len(svc.Spec.ExternalIPs) > 0 {
-		errs = append(errs, field.Forbidden(spec.Child("externalIPs"), "is not supported by Skiff's service proxy"))
+	for i, ip := range svc.Spec.ExternalIPs {
+		path := spec.Child("externalIPs").Index(i)
+		if ipErrs := corevalidation.IsValidIPForLegacyField(path, ip, nil); len(ipErrs) > 0 {
+			errs = append(errs, ipErrs...)
+		} else {
+			errs = append(errs, corevalidation.ValidateEndpointIP(ip, path)...)
+		}
 	}
+	errs = append(errs, validateLoadBalancerFields(svc)...)
 	errs = append(errs, metav1validation.ValidateLabels(svc.Spec.Selector, spec.Child("selector"))...)
 	return errs
 }

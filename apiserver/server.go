@@ -48,6 +48,7 @@ import (
 	"github.com/skiff-dev/skiff/apiserver/extensions"
 	"github.com/skiff-dev/skiff/apiserver/openapi"
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
+	"github.com/skiff-dev/skiff/internal/lbpool"
 )
 
 // KubernetesVersion is the API version Skiff serves: that of the k8s.io/apiserver library it is built on.
@@ -79,6 +80,9 @@ type Config struct {
 	ServiceCIDR string
 	// ClusterCIDR is where Nodes' pod CIDRs (a /24 each) come from; DefaultClusterCIDR when empty.
 	ClusterCIDR string
+	// LoadBalancerPools are where LoadBalancer Services get their addresses; a Service asking for an address
+	// or pool outside them is refused. None: Skiff hands out no addresses and checks none.
+	LoadBalancerPools lbpool.Pools
 	// EventTTL is how long Events live; one hour when zero.
 	EventTTL time.Duration
 	// MaxRequestsInFlight and MaxMutatingRequestsInFlight bound the reads and writes served at once (429
@@ -255,7 +259,7 @@ func New(c Config) (*Server, error) {
 		return nil, err
 	}
 	getter.eventTTL = c.EventTTL
-	if err := installAPIs(generic, getter, cidr, clusterCIDR, saTokens, auth.WithAuthenticatedGroup(tokens), authz, c.AgentTransport, c.Metrics, resources, client.CoreV1().Namespaces()); err != nil {
+	if err := installAPIs(generic, getter, cidr, clusterCIDR, c.LoadBalancerPools, saTokens, auth.WithAuthenticatedGroup(tokens), authz, c.AgentTransport, c.Metrics, resources, client.CoreV1().Namespaces()); err != nil {
 		return nil, err
 	}
 	generic.AddPostStartHookOrDie("rbac/bootstrap-roles", auth.RBACPolicyHook(c.RBACPolicyReady))
@@ -291,7 +295,7 @@ func New(c Config) (*Server, error) {
 }
 
 // installAPIs installs every kind of the registry table, grouped by API group.
-func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet, saTokens *auth.ServiceAccountTokens,
+func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter, serviceCIDR, clusterCIDR *net.IPNet, lbPools lbpool.Pools, saTokens *auth.ServiceAccountTokens,
 	tokens authenticator.Token, authz *auth.Authorization, agentTransport http.RoundTripper, metrics MetricsSource, resources resolver.ResourceResolver,
 	namespaces corev1client.NamespaceInterface) error {
 	groups := map[string]*genericapiserver.APIGroupInfo{}
@@ -334,7 +338,7 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 	// Services allocate their ClusterIPs as IPAddress objects.
 	groups[""].VersionedResourcesStorageMap["v1"]["services"] = &serviceREST{
 		resource: stores["services"], ips: stores["ipaddresses"].Store, cidr: serviceCIDR,
-		nodePorts: raftstore.NewClaims(getter.backend, nodePortPrefix),
+		nodePorts: raftstore.NewClaims(getter.backend, nodePortPrefix), lbPools: lbPools,
 	}
 	// Nodes get their pod CIDRs at creation.
 	nodes := &nodeREST{resource: stores["nodes"], cidr: clusterCIDR, claims: raftstore.NewClaims(getter.backend, podCIDRPrefix)}

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,8 +20,10 @@ import (
 	genericregistry "k8s.io/apiserver/pkg/registry/generic/registry"
 	"k8s.io/apiserver/pkg/registry/rest"
 	"k8s.io/apiserver/pkg/storage/names"
+	"k8s.io/utils/ptr"
 
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
+	"github.com/skiff-dev/skiff/internal/lbpool"
 )
 
 // Service addresses are allocated when a Service is created, safely across peers and leader changes:
@@ -33,6 +36,8 @@ const (
 	nodePortMin    = 30000
 	nodePortMax    = 32767
 	nodePortPrefix = storagePrefix + "/skiff/nodeports/"
+	// loadBalancerPrefix holds the load balancer addresses Services have (LoadBalancerClaims).
+	loadBalancerPrefix = storagePrefix + "/skiff/lbaddresses/"
 )
 
 // DefaultServiceCIDR is where ClusterIPs come from unless service_cidr says otherwise.
@@ -43,6 +48,47 @@ type serviceREST struct {
 	ips       *genericregistry.Store
 	cidr      *net.IPNet
 	nodePorts *raftstore.Claims // by port number, holder "namespace/name"
+	lbPools   lbpool.Pools
+}
+
+// checkLoadBalancer refuses what the servers' load balancer pools cannot give a LoadBalancer Service of
+// Skiff's (no loadBalancerClass): a pool they do not have, or an address (spec.loadBalancerIP) in none of
+// them or in another pool than the one named. Without pools nothing is checked: another controller may own
+// the Service's load balancer.
+func (r *serviceREST) checkLoadBalancer(svc *corev1.Service) error {
+	if len(r.lbPools) == 0 || svc.Spec.Type != corev1.ServiceTypeLoadBalancer || svc.Spec.LoadBalancerClass != nil {
+		return nil
+	}
+	var errs field.ErrorList
+	pool, named := svc.Annotations[lbpool.PoolAnnotation]
+	if _, ok := r.lbPools.Pool(pool); named && !ok {
+		errs = append(errs, field.NotSupported(field.NewPath("metadata", "annotations").Key(lbpool.PoolAnnotation), pool, r.lbPools.Names()))
+	}
+	if ip := svc.Spec.LoadBalancerIP; ip != "" {
+		path := field.NewPath("spec", "loadBalancerIP")
+		addr, err := netip.ParseAddr(ip)
+		in, ok := r.lbPools.PoolOf(addr)
+		switch {
+		case err != nil:
+			errs = append(errs, field.Invalid(path, ip, "must be a valid IP address"))
+		case !ok:
+			errs = append(errs, field.Invalid(path, ip, fmt.Sprintf("is in no load balancer pool of the servers' (%v)", r.lbPools.Names())))
+		case named && in != pool:
+			errs = append(errs, field.Invalid(path, ip, fmt.Sprintf("is in load balancer pool %q, not in %q", in, pool)))
+		}
+	}
+	if len(errs) > 0 {
+		return apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Service").GroupKind(), svc.Name, errs)
+	}
+	return nil
+}
+
+// loadBalancerRequestChanged tells whether an update changes what checkLoadBalancer looks at: a Service
+// made before the pools changed may still be updated otherwise.
+func loadBalancerRequestChanged(svc, old *corev1.Service) bool {
+	return svc.Spec.Type != old.Spec.Type || svc.Spec.LoadBalancerIP != old.Spec.LoadBalancerIP ||
+		!ptr.Equal(svc.Spec.LoadBalancerClass, old.Spec.LoadBalancerClass) ||
+		svc.Annotations[lbpool.PoolAnnotation] != old.Annotations[lbpool.PoolAnnotation]
 }
 
 // allocation is what one Service holds, so a failed create can give it back.
@@ -61,6 +107,9 @@ func (r *serviceREST) Create(ctx context.Context, obj runtime.Object, createVali
 	// kube-apiserver's store chooses it before its create hooks run.
 	if svc.Name == "" && svc.GenerateName != "" {
 		svc.Name = names.SimpleNameGenerator.GenerateName(svc.GenerateName)
+	}
+	if err := r.checkLoadBalancer(svc); err != nil {
+		return nil, err
 	}
 	alloc, err := r.allocate(ctx, svc)
 	if err != nil {
@@ -129,13 +178,15 @@ func (r *serviceREST) allocate(ctx context.Context, svc *corev1.Service) (alloca
 					}
 					return allocation{}, err
 				}
-			} else {
+			} else if allocatesNodePorts(svc) {
 				port, err := r.allocatePort(ctx, svc)
 				if err != nil {
 					r.release(ctx, a)
 					return allocation{}, err
 				}
 				p.NodePort = port
+			} else {
+				continue
 			}
 			a.ports = append(a.ports, p.NodePort)
 		}
@@ -249,11 +300,17 @@ func (r *serviceREST) release(ctx context.Context, a allocation) {
 // becomes an ExternalName one, which has none.
 func validateServiceUpdate(o, old runtime.Object) field.ErrorList {
 	svc, oldSvc := o.(*corev1.Service), old.(*corev1.Service)
+	var errs field.ErrorList
 	toExternalName := svc.Spec.Type == corev1.ServiceTypeExternalName && svc.Spec.ClusterIP == ""
 	if oldSvc.Spec.ClusterIP != "" && svc.Spec.ClusterIP != oldSvc.Spec.ClusterIP && !toExternalName {
-		return field.ErrorList{field.Invalid(field.NewPath("spec", "clusterIPs").Index(0), svc.Spec.ClusterIP, "may not change once set")}
+		errs = append(errs, field.Invalid(field.NewPath("spec", "clusterIPs").Index(0), svc.Spec.ClusterIP, "may not change once set"))
 	}
-	return nil
+	// A load balancer's class says which controller owns it; it cannot change hands while it is one.
+	lb := corev1.ServiceTypeLoadBalancer
+	if svc.Spec.Type == lb && oldSvc.Spec.Type == lb && !ptr.Equal(svc.Spec.LoadBalancerClass, oldSvc.Spec.LoadBalancerClass) {
+		errs = append(errs, field.Invalid(field.NewPath("spec", "loadBalancerClass"), svc.Spec.LoadBalancerClass, "may not change once set"))
+	}
+	return errs
 }
 
 // prepareServiceUpdate carries the allocated addresses over when an update (an apply, say) leaves them out.
@@ -347,6 +404,11 @@ func (u *nodePortUpdate) UpdatedObject(ctx context.Context, oldObj runtime.Objec
 	svc, old := obj.(*corev1.Service), oldObj.(*corev1.Service)
 	u.holder, u.old = old.Namespace+"/"+old.Name, old
 	prepareServiceUpdate(svc, old)
+	if loadBalancerRequestChanged(svc, old) {
+		if err := u.r.checkLoadBalancer(svc); err != nil {
+			return nil, err
+		}
+	}
 	if err := u.allocateClusterIP(ctx, svc, old); err != nil {
 		return nil, err
 	}
@@ -367,6 +429,9 @@ func (u *nodePortUpdate) UpdatedObject(ctx context.Context, oldObj runtime.Objec
 	for i := range svc.Spec.Ports {
 		p := &svc.Spec.Ports[i]
 		if held[p.NodePort] {
+			continue
+		}
+		if p.NodePort == 0 && !allocatesNodePorts(svc) {
 			continue
 		}
 		if p.NodePort == 0 {
@@ -422,4 +487,18 @@ func (u *nodePortUpdate) allocateClusterIP(ctx context.Context, svc, old *corev1
 
 func hasNodePorts(svc *corev1.Service) bool {
 	return svc.Spec.Type == corev1.ServiceTypeNodePort || svc.Spec.Type == corev1.ServiceTypeLoadBalancer
+}
+
+// LoadBalancerClaims are the load balancer addresses of Services, claims in the store as NodePorts are: the
+// leader's load balancer controller gives each address to one Service (holder: its UID) at a time.
+func LoadBalancerClaims(b raftstore.Backend) *raftstore.Claims {
+	return raftstore.NewClaims(b, loadBalancerPrefix)
+}
+
+// allocatesNodePorts tells whether ports without a nodePort get one: NodePort Services, and LoadBalancer ones
+// unless allocateLoadBalancerNodePorts is false (a load balancer that sends traffic to the pods' IPs, or to
+// its addresses on the nodes, needs none). Ports given one keep it either way.
+func allocatesNodePorts(svc *corev1.Service) bool {
+	a := svc.Spec.AllocateLoadBalancerNodePorts
+	return svc.Spec.Type == corev1.ServiceTypeNodePort || (svc.Spec.Type == corev1.ServiceTypeLoadBalancer && (a == nil || *a))
 }

@@ -153,3 +153,55 @@ func TestExternalNameTypeChanges(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadBalancerServiceFields: a LoadBalancer Service gets allocateLoadBalancerNodePorts true by default and
+// NodePorts with it; with false, only the ports given one have one, and an update adding a port allocates
+// none; externalIPs are kept; loadBalancerClass may not change while the Service is a LoadBalancer.
+func TestLoadBalancerServiceFields(t *testing.T) {
+	t.Parallel()
+	peer := servertest.Shared(t)
+	ns := servertest.Namespace(t, peer, "loadbalancers")
+	ctx := context.Background()
+	services := peer.Client.CoreV1().Services(ns)
+	lb := func(name string, allocate *bool, class *string, ports ...corev1.ServicePort) (*corev1.Service, error) {
+		return services.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, AllocateLoadBalancerNodePorts: allocate, LoadBalancerClass: class,
+			ExternalIPs: []string{"192.0.2.10"}, Ports: ports,
+		}}, metav1.CreateOptions{})
+	}
+	plain, err := lb("plain", nil, nil, corev1.ServicePort{Port: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a := plain.Spec.AllocateLoadBalancerNodePorts; a == nil || !*a || plain.Spec.Ports[0].NodePort == 0 {
+		t.Fatalf("default: allocateLoadBalancerNodePorts %v, nodePort %d; want true and a port", a, plain.Spec.Ports[0].NodePort)
+	}
+	if len(plain.Spec.ExternalIPs) != 1 || plain.Spec.ExternalIPs[0] != "192.0.2.10" {
+		t.Fatalf("externalIPs %v", plain.Spec.ExternalIPs)
+	}
+	no := false
+	bare, err := lb("bare", &no, nil, corev1.ServicePort{Name: "a", Port: 80}, corev1.ServicePort{Name: "b", Port: 81, NodePort: 30181})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bare.Spec.Ports[0].NodePort != 0 || bare.Spec.Ports[1].NodePort != 30181 {
+		t.Fatalf("allocateLoadBalancerNodePorts false: nodePorts %d and %d, want 0 and 30181", bare.Spec.Ports[0].NodePort, bare.Spec.Ports[1].NodePort)
+	}
+	bare.Spec.Ports = append(bare.Spec.Ports, corev1.ServicePort{Name: "c", Port: 82, Protocol: corev1.ProtocolTCP})
+	if bare, err = services.Update(ctx, bare, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if bare.Spec.Ports[2].NodePort != 0 || bare.Spec.Ports[1].NodePort != 30181 {
+		t.Fatalf("after adding a port: nodePorts %d and %d, want 30181 kept and none", bare.Spec.Ports[1].NodePort, bare.Spec.Ports[2].NodePort)
+	}
+	class := "example.com/lb"
+	classed, err := lb("classed", nil, &class, corev1.ServicePort{Port: 80})
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := "example.com/other"
+	classed.Spec.LoadBalancerClass = &other
+	if _, err := services.Update(ctx, classed, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.loadBalancerClass") {
+		t.Fatalf("changing loadBalancerClass: %v, want 422 on spec.loadBalancerClass", err)
+	}
+}

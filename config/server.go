@@ -3,17 +3,21 @@ package config
 import (
 	"encoding/binary"
 	"fmt"
-	psaapi "k8s.io/pod-security-admission/api"
+	"maps"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation"
+	psaapi "k8s.io/pod-security-admission/api"
 
 	"github.com/skiff-dev/skiff/internal/join"
+	"github.com/skiff-dev/skiff/internal/lbpool"
 )
 
 // ServerFile is the schema of a server configuration file. Pointers mark optional keys, so that layering
@@ -75,6 +79,8 @@ type ServerBlock struct {
 	WatchHistory                *HistBlock        `hcl:"watch_history,block"`
 	Audit                       *AuditBlock       `hcl:"audit,block"`
 	PodSecurity                 *PodSecurityBlock `hcl:"pod_security,block"`
+	// LoadBalancer holds the address pools LoadBalancer Services get their addresses from.
+	LoadBalancer *LoadBalancerBlock `hcl:"load_balancer,block"`
 	// EncryptionConfig is the path of a Kubernetes EncryptionConfiguration file (apiserver.config.k8s.io/v1):
 	// the resources it lists are encrypted in the Raft log, the snapshots and `snapshot save` files. Every
 	// server must have the same one.
@@ -190,6 +196,19 @@ type Server struct {
 	RoutePodCIDRs bool
 	// ManifestsDir is the auto-applied manifests folder (see ServerBlock).
 	ManifestsDir string
+	// LoadBalancerPools are the load balancer address pools (see LoadBalancerBlock); none: Skiff hands out
+	// no load balancer addresses.
+	LoadBalancerPools lbpool.Pools
+}
+
+// LoadBalancerBlock is `server { load_balancer { ... } }`: where LoadBalancer Services (of no
+// loadBalancerClass) get their addresses. Entries are CIDRs ("10.10.0.0/28", without its network and
+// broadcast addresses), ranges ("10.10.0.5-10.10.0.9") or single addresses. Every server must have the same.
+type LoadBalancerBlock struct {
+	// Pool is the default pool, for Services that name none.
+	Pool []string `hcl:"pool,optional"`
+	// Pools are named pools, which a Service asks for with the skiff.dev/load-balancer-pool annotation.
+	Pools map[string][]string `hcl:"pools,optional"`
 }
 
 // PodSecurity holds the PodSecurity admission's default levels and versions (for namespaces without labels)
@@ -401,6 +420,8 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 			errs.add(src, "server.pod_security."+ps.key+"_version", err.Error())
 		}
 	}
+	s.LoadBalancerPools = resolveLoadBalancerPools(f.Server.LoadBalancer,
+		map[string]string{"server.service_cidr": s.ServiceCIDR, "server.cluster_cidr": s.ClusterCIDR}, src, &errs)
 	if s.Audit.Path != "" && s.Audit.PolicyFile == "" {
 		errs.add(src, "server.audit.policy_file", "is required with server.audit.path: Kubernetes' audit policy says what to record")
 	} else if s.Audit.Path != "" {
@@ -464,6 +485,62 @@ func withDefaultPort(addr string, port int) (string, error) {
 
 // resolveClusterDNS checks cluster_dns (an address of service_cidr other than its first, which the kubernetes
 // Service holds; the tenth address when unset, as kubeadm picks) and cluster_domain (a DNS name).
+// resolveLoadBalancerPools checks the pools: each entry an address, range or CIDR, in no other entry and in
+// none of the CIDRs taken (by their keys: the service and cluster CIDRs); the default pool comes first.
+func resolveLoadBalancerPools(b *LoadBalancerBlock, taken map[string]string, src *source, errs *Errors) lbpool.Pools {
+	if b == nil {
+		return nil
+	}
+	type entry struct {
+		key, what string
+		r         lbpool.Range
+	}
+	var seen []entry
+	for _, key := range slices.Sorted(maps.Keys(taken)) {
+		if p, err := netip.ParsePrefix(taken[key]); err == nil {
+			seen = append(seen, entry{key, key + " " + taken[key], lbpool.Network(p)})
+		}
+	}
+	// pool checks one pool's entries; errors name the key, and the pool and entry in the message.
+	pool := func(name, key, what string, values []string) lbpool.Pool {
+		p := lbpool.Pool{Name: name}
+		for i, v := range values {
+			at := fmt.Sprintf("%sentry %d", what, i)
+			r, err := lbpool.ParseRange(v)
+			if err != nil {
+				errs.add(src, key, fmt.Sprintf("%s: %v", at, err))
+				continue
+			}
+			for _, e := range seen {
+				if e.r.Overlaps(r) {
+					errs.add(src, key, fmt.Sprintf("%s: %s overlaps %s", at, r, e.what))
+				}
+			}
+			seen = append(seen, entry{key, fmt.Sprintf("%s of %s", at, key), r})
+			p.Ranges = append(p.Ranges, r)
+		}
+		return p
+	}
+	var pools lbpool.Pools
+	if len(b.Pool) > 0 {
+		pools = append(pools, pool(lbpool.DefaultPool, "server.load_balancer.pool", "", b.Pool))
+	}
+	const key = "server.load_balancer.pools"
+	for _, name := range slices.Sorted(maps.Keys(b.Pools)) {
+		switch msgs := validation.IsDNS1123Label(name); {
+		case name == lbpool.DefaultPool:
+			errs.add(src, key, fmt.Sprintf("%q: the default pool is server.load_balancer.pool", name))
+		case len(msgs) > 0:
+			errs.add(src, key, fmt.Sprintf("%q is not a valid pool name: %s", name, strings.Join(msgs, "; ")))
+		case len(b.Pools[name]) == 0:
+			errs.add(src, key, fmt.Sprintf("pool %q is empty", name))
+		default:
+			pools = append(pools, pool(name, key, fmt.Sprintf("pool %q, ", name), b.Pools[name]))
+		}
+	}
+	return pools
+}
+
 func resolveClusterDNS(b *ServerBlock, src *source, errs *Errors) (dnsIP, domain string) {
 	domain = strings.TrimSuffix(*b.ClusterDomain, ".")
 	if msgs := validation.IsDNS1123Subdomain(domain); len(msgs) > 0 {

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -67,6 +68,24 @@ func TestFlagsOverrideFile(t *testing.T) {
 	}
 }
 
+// Load balancer pools: the default one first, then the named ones by name.
+func TestLoadBalancerPools(t *testing.T) {
+	cfg, err := LoadServer(writeFile(t, "server {\n  load_balancer {\n    pool = [\"10.10.0.0/30\", \"10.10.1.9\"]\n    pools = { z = [\"192.0.2.1-192.0.2.2\"], edge = [\"198.51.100.0/31\"] }\n  }\n}\n"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range cfg.LoadBalancerPools {
+		got = append(got, fmt.Sprintf("%s=%v", p.Name, p.Ranges))
+	}
+	if want := "[default=[10.10.0.1-10.10.0.2 10.10.1.9] edge=[198.51.100.0-198.51.100.1] z=[192.0.2.1-192.0.2.2]]"; fmt.Sprint(got) != want {
+		t.Fatalf("pools %v, want %s", got, want)
+	}
+	if cfg, err := LoadServer("", nil); err != nil || cfg.LoadBalancerPools != nil {
+		t.Fatalf("no load_balancer block: pools %v, %v", cfg.LoadBalancerPools, err)
+	}
+}
+
 func TestServerErrorsNameFileLineAndKey(t *testing.T) {
 	cases := []struct {
 		name string
@@ -99,6 +118,11 @@ func TestServerErrorsNameFileLineAndKey(t *testing.T) {
 		{"bad retry_join", "server {\n  retry_join = [\"a:b:c\"]\n}\n", ":2: server.retry_join: entry 0"},
 		{"empty manifests_dir", "server {\n  manifests_dir = \"\"\n}\n", ":2: server.manifests_dir: must not be empty"},
 		{"bad encrypt key", "encrypt = \"c2hvcnQ=\"\n", ":1: encrypt: must be a base64 key of 16, 24 or 32 bytes"},
+		{"load balancer pool not an address", "server {\n  load_balancer {\n    pool = [\"10.10.0.0/28\", \"lb\"]\n  }\n}\n", ":3: server.load_balancer.pool: entry 1: \"lb\" is not an IPv4 address"},
+		{"load balancer pool in the service CIDR", "server {\n  load_balancer {\n    pool = [\"10.96.0.0/28\"]\n  }\n}\n", ":3: server.load_balancer.pool: entry 0: 10.96.0.1-10.96.0.14 overlaps server.service_cidr 10.96.0.0/16"},
+		{"load balancer pools overlapping", "server {\n  load_balancer {\n    pool = [\"10.10.0.0/28\"]\n    pools = { edge = [\"10.10.0.5-10.10.0.20\"] }\n  }\n}\n", ":4: server.load_balancer.pools: pool \"edge\", entry 0: 10.10.0.5-10.10.0.20 overlaps entry 0 of server.load_balancer.pool"},
+		{"load balancer pool in the cluster CIDR", "server {\n  load_balancer {\n    pools = { edge = [\"10.244.7.7\"] }\n  }\n}\n", ":3: server.load_balancer.pools: pool \"edge\", entry 0: 10.244.7.7 overlaps server.cluster_cidr 10.244.0.0/16"},
+		{"load balancer pool named badly", "server {\n  load_balancer {\n    pools = { Edge_1 = [\"10.10.0.7\"] }\n  }\n}\n", ":3: server.load_balancer.pools: \"Edge_1\" is not a valid pool name"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

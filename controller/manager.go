@@ -43,6 +43,8 @@ type Clients struct {
 	QuotaSyncPeriod time.Duration
 	// CertificateSigning is the CA the certificate controllers sign with.
 	CertificateSigning CertificateSigning
+	// LoadBalancer is where LoadBalancer Services get their addresses; no pools: nowhere.
+	LoadBalancer LoadBalancerConfig
 	// RootCA is the cluster CA certificate (PEM), which the root CA publisher puts in every namespace as
 	// kube-root-ca.crt for pods to verify the API with.
 	RootCA []byte
@@ -173,6 +175,7 @@ var controllers = []controllerEntry{
 	{"pv-protection", "pv-protection-controller", buildPVProtection},
 	{"resourcequota", "resourcequota-controller", buildResourceQuotaController},
 	{"storage-version-migrator", "storage-version-migrator-controller", buildStorageVersionMigrator},
+	{"service-lb", "service-controller", buildLoadBalancerController},
 }
 
 // podsByNode names the pod informer's index by spec.nodeName.

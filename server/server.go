@@ -361,11 +361,12 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		RBACPolicyReady: func() {
 			s.rbacPolicyOnce.Do(func() { close(s.rbacPolicyReady) })
 		},
-		ReadyzChecks: []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
-		ServiceCIDR:  s.cfg.ServiceCIDR,
-		Transformers: s.enc,
-		ClusterCIDR:  s.cfg.ClusterCIDR,
-		EventTTL:     s.cfg.EventTTL,
+		ReadyzChecks:      []healthz.HealthChecker{healthz.NamedCheck("skiff-raft", s.raftReady)},
+		ServiceCIDR:       s.cfg.ServiceCIDR,
+		Transformers:      s.enc,
+		ClusterCIDR:       s.cfg.ClusterCIDR,
+		LoadBalancerPools: s.cfg.LoadBalancerPools,
+		EventTTL:          s.cfg.EventTTL,
 
 		DefaultTolerationSeconds: &s.cfg.DefaultTolerationSeconds,
 		PodSecurity:              apiserver.PodSecurityConfig(s.cfg.PodSecurity),

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/pem"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
@@ -22,6 +23,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	utilptr "k8s.io/utils/ptr"
 
+	"github.com/skiff-dev/skiff/apiserver"
+	"github.com/skiff-dev/skiff/apiserver/raftstore"
 	"github.com/skiff-dev/skiff/controller"
 	"github.com/skiff-dev/skiff/gossip"
 	"github.com/skiff-dev/skiff/internal/servicecidr"
@@ -268,6 +271,8 @@ func (s *Server) runControllers(ctx context.Context) {
 	clients.Members = s.pool
 	clients.NodeLifecycle = controller.NodeLifecycleConfig{LeaseGrace: s.cfg.NodeLeaseGrace, PodGCTimeout: s.cfg.PodGCTimeout}
 	clients.QuotaSyncPeriod = s.cfg.ResourceQuotaSyncPeriod
+	clients.LoadBalancer = controller.LoadBalancerConfig{Pools: s.cfg.LoadBalancerPools,
+		Claims: loadBalancerClaims{apiserver.LoadBalancerClaims(s.node)}}
 	if clients.RootCA, _, _, err = s.clusterCA(); err != nil {
 		s.logger.Error("reading the cluster CA: kube-root-ca.crt will not be published", "error", err)
 	}
@@ -390,4 +395,16 @@ func ensureLocalPathClass(ctx context.Context, client kubernetes.Interface) erro
 		return nil
 	}
 	return err
+}
+
+// loadBalancerClaims are the store's claims on load balancer addresses, as the controller asks for them.
+type loadBalancerClaims struct{ *raftstore.Claims }
+
+// Claim gives ip to holder; taken says another Service has it.
+func (c loadBalancerClaims) Claim(ctx context.Context, ip, holder string) (taken bool, err error) {
+	_, err = c.Claims.Claim(ctx, ip, holder)
+	if errors.Is(err, raftstore.ErrClaimed) {
+		return true, nil
+	}
+	return false, err
 }

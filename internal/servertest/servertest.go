@@ -124,10 +124,21 @@ var shared struct {
 	cleanups []func()
 }
 
+// The shared server's load balancer pools: the default one has two addresses, so that a test can fill it.
+const (
+	LoadBalancerPool     = "192.0.2.0/30"              // 192.0.2.1 and 192.0.2.2
+	LoadBalancerEdgePool = "198.51.100.8-198.51.100.9" // the pool named "edge"
+)
+
+func sharedLoadBalancerPools(f *config.ServerFile) {
+	f.Server.LoadBalancer = &config.LoadBalancerBlock{Pool: []string{LoadBalancerPool},
+		Pools: map[string][]string{"edge": {LoadBalancerEdgePool}}}
+}
+
 // Shared returns the server that the tests of this package share, started by the first call; the package's
 // TestMain must run its tests through Main, which stops it. A test on it creates what it needs in namespaces
 // of its own (Namespace) and may run in parallel with the others. The server logs its warnings to stderr,
-// which go test shows when the package fails.
+// which go test shows when the package fails. It has load balancer pools (LoadBalancerPool, LoadBalancerEdgePool).
 func Shared(t testing.TB) *Peer {
 	t.Helper()
 	shared.Lock()
@@ -146,7 +157,7 @@ func Shared(t testing.TB) *Peer {
 			cleanup: func(f func()) { shared.cleanups = append(shared.cleanups, f) },
 			log:     os.Stderr,
 		}
-		shared.peer = start(t, 1, nil, life)[0]
+		shared.peer = start(t, 1, sharedLoadBalancerPools, life)[0]
 	}
 	return shared.peer
 }

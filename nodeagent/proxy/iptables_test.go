@@ -46,7 +46,13 @@ func TestSyncOnRealIPTables(t *testing.T) {
 	if !p.features.sctp {
 		t.Log("no SCTP here; SCTP cases are skipped by the proxy")
 	}
-	web := service("web", "10.96.0.10", nodePort(30080))
+	// A LoadBalancer with an external IP and source ranges: every kind of rule iptables-restore must take.
+	web := service("web", "10.96.0.10", nodePort(30080), func(s *corev1.Service) {
+		s.Spec.Type = corev1.ServiceTypeLoadBalancer
+		s.Spec.ExternalIPs = []string{"192.0.2.7"}
+		s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24"}
+		s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.4"}}
+	})
 	db := service("db", "10.96.0.20")
 	set(t, p.services, web, db)
 	webSlice := slice("web", ep{ip: "10.244.0.5", node: "node-a"}, ep{ip: "10.244.1.5", node: "node-b"})
@@ -63,6 +69,9 @@ func TestSyncOnRealIPTables(t *testing.T) {
 		"-j DNAT --to-destination 10.244.0.5:8080",
 		"-j DNAT --to-destination 10.244.0.9:8080",
 		"--dport 30080 -j SKIFF-0000abcd-MARK-MASQ",
+		"-A SKIFF-0000abcd-SVCS -s 203.0.113.0/24 -d 198.51.100.4/32 -p tcp",
+		"-A SKIFF-0000abcd-FILTER -d 198.51.100.4/32 -p tcp",
+		"-A SKIFF-0000abcd-SVCS -d 192.0.2.7/32 -p tcp",
 	} {
 		if !strings.Contains(saved, want) {
 			t.Errorf("missing %q in:\n%s", want, saved)

@@ -85,13 +85,15 @@ type servicePort struct {
 // Chains (nat unless said), with <id> the agent's host id:
 //
 //	PREROUTING, OUTPUT -> SKIFF-<id>-SVCS: per ClusterIP port -> S-<hash> (or L-<hash>, internalTrafficPolicy
-//	    Local); last, for traffic addressed to this host -> SKIFF-<id>-NODEPORTS
+//	    Local); per external IP and load balancer address -> mark, then S-<hash>; or X-<hash>; last, for
+//	    traffic addressed to this host -> SKIFF-<id>-NODEPORTS
 //	SKIFF-<id>-NODEPORTS: per NodePort -> mark, then S-<hash>; or X-<hash> (externalTrafficPolicy Local)
 //	S-/L-/X-<hash>: random-probability choice among endpoints -> E-<hash>
 //	E-<hash>: hairpin mark, then DNAT to the endpoint
 //	POSTROUTING -> SKIFF-<id>-POSTRTG: MASQUERADE of marked packets
 //	filter INPUT, FORWARD, OUTPUT -> SKIFF-<id>-FILTER: REJECT for ports without endpoints (clients fail
-//	    fast), DROP for Local policies without local endpoints
+//	    fast), DROP for Local policies without local endpoints and for sources outside a load balancer's
+//	    loadBalancerSourceRanges
 func BuildRules(services []*corev1.Service, slices []*discoveryv1.EndpointSlice, node NodeFacts) *Ruleset {
 	n := namesFor(node.ID)
 	index, problems := indexSlices(slices)
@@ -307,40 +309,107 @@ func writeServicePort(nat, own, filter *tableWriter, n chainNames, node NodeFact
 		filter.rule(n.filter, fmt.Sprintf("%s %s -j REJECT --reject-with icmp-port-unreachable", comment, dest))
 	}
 
-	// 3. NodePort.
-	if sp.nodePort == 0 {
-		return
-	}
-	local := "-m addrtype --dst-type LOCAL " + nodePort
-	if sp.protocol == "udp" && len(sp.external) > 0 {
-		rs.UDPServed[udpDest{nodePort: sp.nodePort}] = true
-	}
-	switch {
-	case len(sp.cluster) == 0:
-		filter.rule(n.filter, fmt.Sprintf("%s %s -j REJECT --reject-with icmp-port-unreachable", comment, local))
-	case !sp.externalLocal():
-		// The source is rewritten: replies must come back through this node.
-		nat.rule(n.nodePorts, fmt.Sprintf("%s %s -j %s", comment, nodePort, n.markMasq))
-		nat.rule(n.nodePorts, fmt.Sprintf("%s %s -j %s", comment, nodePort, clusterChain))
-	default:
-		// externalTrafficPolicy Local keeps the client's address and so may use only local endpoints. Traffic
-		// from this node's pods and from the host itself is not external: it goes to every endpoint, as in
-		// Kubernetes (the host's own, masqueraded, so the reply finds its way back).
-		ext := n.hashedChain(n.externalPfx, node.ID, sp.name, sp.protocol)
-		own.chain(ext)
+	// 3. External traffic: through a NodePort, an external IP or a load balancer's address. With
+	// externalTrafficPolicy Local it keeps the client's address and so may use only local endpoints; traffic
+	// from this node's pods and from the host itself is not external: it goes to every endpoint, as in
+	// Kubernetes (the host's own, masqueraded, so the reply finds its way back).
+	externalChain := ""
+	if sp.externalLocal() && len(sp.cluster) > 0 {
+		externalChain = n.hashedChain(n.externalPfx, node.ID, sp.name, sp.protocol)
+		own.chain(externalChain)
 		if node.PodCIDR != "" {
-			own.rule(ext, fmt.Sprintf("%s -s %s -j %s", comment, node.PodCIDR, clusterChain))
+			own.rule(externalChain, fmt.Sprintf("%s -s %s -j %s", comment, node.PodCIDR, clusterChain))
 		}
-		own.rule(ext, fmt.Sprintf("%s -m addrtype --src-type LOCAL -j %s", comment, n.markMasq))
-		own.rule(ext, fmt.Sprintf("%s -m addrtype --src-type LOCAL -j %s", comment, clusterChain))
+		own.rule(externalChain, fmt.Sprintf("%s -m addrtype --src-type LOCAL -j %s", comment, n.markMasq))
+		own.rule(externalChain, fmt.Sprintf("%s -m addrtype --src-type LOCAL -j %s", comment, clusterChain))
 		if len(sp.local) > 0 {
-			balance(own, ext, comment, sp, sp.local, endpointChain)
-		}
-		nat.rule(n.nodePorts, fmt.Sprintf("%s %s -j %s", comment, nodePort, ext))
-		if len(sp.local) == 0 {
-			filter.rule(n.filter, fmt.Sprintf("%s %s -j DROP", comment, local))
+			balance(own, externalChain, comment, sp, sp.local, endpointChain)
 		}
 	}
+	// external sends traffic that matches match in chain on: REJECT without endpoints, masqueraded to any
+	// endpoint (Cluster: replies must come back through this node), or to the Local chain (DROP when it has
+	// no local endpoint). filterMatch is the same traffic as the filter table sees it.
+	external := func(chain, match, filterMatch string) {
+		switch {
+		case len(sp.cluster) == 0:
+			filter.rule(n.filter, fmt.Sprintf("%s %s -j REJECT --reject-with icmp-port-unreachable", comment, filterMatch))
+		case externalChain == "":
+			nat.rule(chain, fmt.Sprintf("%s %s -j %s", comment, match, n.markMasq))
+			nat.rule(chain, fmt.Sprintf("%s %s -j %s", comment, match, clusterChain))
+		default:
+			nat.rule(chain, fmt.Sprintf("%s %s -j %s", comment, match, externalChain))
+			if len(sp.local) == 0 {
+				filter.rule(n.filter, fmt.Sprintf("%s %s -j DROP", comment, filterMatch))
+			}
+		}
+	}
+
+	// 3a. NodePort, on this host's own addresses.
+	if sp.nodePort != 0 {
+		if sp.protocol == "udp" && len(sp.external) > 0 {
+			rs.UDPServed[udpDest{nodePort: sp.nodePort}] = true
+		}
+		external(n.nodePorts, nodePort, "-m addrtype --dst-type LOCAL "+nodePort)
+	}
+
+	// 3b. External IPs and the load balancer's addresses, on every node as kube-proxy programs them: a node
+	// that receives traffic for one (the one announcing it, or a router's choice) serves it. Sources outside
+	// loadBalancerSourceRanges are not translated, and what is still addressed to a load balancer's address
+	// in the filter table is dropped.
+	for _, addr := range sp.externalAddrs() {
+		match := fmt.Sprintf("-d %s/32 %s --dport %d", addr.ip, proto, sp.port.Port)
+		if sp.protocol == "udp" && len(sp.external) > 0 {
+			rs.UDPServed[udpDest{ip: addr.ip}] = true
+			for _, e := range sp.external {
+				rs.UDP[udpFlow{udpDest{ip: addr.ip}, e.ip}] = true
+			}
+		}
+		ranges := sp.svc.Spec.LoadBalancerSourceRanges
+		if !addr.loadBalancer || len(ranges) == 0 {
+			external(n.services, match, match)
+			continue
+		}
+		if len(sp.cluster) == 0 {
+			external(n.services, match, match)
+			continue
+		}
+		for _, r := range ranges {
+			external(n.services, fmt.Sprintf("-s %s %s", strings.TrimSpace(r), match), match)
+		}
+		filter.rule(n.filter, fmt.Sprintf("%s %s -j DROP", comment, match))
+	}
+}
+
+// externalAddr is an address a service port is reached at from outside the cluster.
+type externalAddr struct {
+	ip           string
+	loadBalancer bool // a load balancer's ingress address (else one of spec.externalIPs)
+}
+
+// externalAddrs are the port's external IPs and, for a LoadBalancer Service, the IPv4 addresses of its load
+// balancer's ingress that traffic reaches the nodes at (ipMode VIP, the default; a Proxy-mode balancer sends
+// its own traffic to the nodes' NodePorts). Duplicates are listed once.
+func (sp *servicePort) externalAddrs() []externalAddr {
+	var out []externalAddr
+	seen := map[string]bool{}
+	add := func(ip string, lb bool) {
+		if parsed := net.ParseIP(ip); parsed == nil || parsed.To4() == nil || seen[ip] {
+			return
+		}
+		seen[ip] = true
+		out = append(out, externalAddr{ip: ip, loadBalancer: lb})
+	}
+	for _, ip := range sp.svc.Spec.ExternalIPs {
+		add(ip, false)
+	}
+	if sp.svc.Spec.Type == corev1.ServiceTypeLoadBalancer {
+		for _, in := range sp.svc.Status.LoadBalancer.Ingress {
+			if in.IPMode == nil || *in.IPMode == corev1.LoadBalancerIPModeVIP {
+				add(in.IP, true)
+			}
+		}
+	}
+	return out
 }
 
 // commentArg is a comment match; the text never holds a quote or backslash (object names cannot, and

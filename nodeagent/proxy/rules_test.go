@@ -192,6 +192,49 @@ func TestBuildRules(t *testing.T) {
 		absent:   []string{"not-an-ip", "10.244.0.9"},
 		problems: []string{ReasonMalformedSlice, ReasonMalformedSlice},
 	}, {
+		name: "externalIPs: translated and masqueraded like a NodePort, on every node",
+		services: []*corev1.Service{service("web", "10.96.0.10", func(s *corev1.Service) {
+			s.Spec.ExternalIPs = []string{"192.0.2.7"}
+		})},
+		slices: []*discoveryv1.EndpointSlice{slice("web", ep{ip: "10.244.1.5", node: "node-b"})},
+		want: []string{
+			"-A SKIFF-0000abcd-SVCS -m comment --comment \"default/web:http\" -d 192.0.2.7/32 -p tcp -m tcp --dport 80 -j SKIFF-0000abcd-MARK-MASQ",
+			"-A SKIFF-0000abcd-SVCS -m comment --comment \"default/web:http\" -d 192.0.2.7/32 -p tcp -m tcp --dport 80 -j " + svcChain("web"),
+		},
+	}, {
+		name:     "externalIPs without endpoints: REJECT",
+		services: []*corev1.Service{service("web", "10.96.0.10", func(s *corev1.Service) { s.Spec.ExternalIPs = []string{"192.0.2.7"} })},
+		want:     []string{"-A SKIFF-0000abcd-FILTER -m comment --comment \"default/web:http\" -d 192.0.2.7/32 -p tcp -m tcp --dport 80 -j REJECT"},
+		absent:   []string{"-A SKIFF-0000abcd-SVCS -m comment --comment \"default/web:http\" -d 192.0.2.7"},
+	}, {
+		name: "a load balancer's address, with externalTrafficPolicy Local: local endpoints, DROP where none",
+		services: []*corev1.Service{service("web", "10.96.0.10", nodePort(30080), func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.4"}, {IP: "198.51.100.5", IPMode: ptr.To(corev1.LoadBalancerIPModeProxy)}, {Hostname: "lb.example"}}
+		})},
+		slices: []*discoveryv1.EndpointSlice{slice("web", ep{ip: "10.244.1.5", node: "node-b"})},
+		want: []string{
+			"-A SKIFF-0000abcd-SVCS -m comment --comment \"default/web:http\" -d 198.51.100.4/32 -p tcp -m tcp --dport 80 -j " + n.hashedChain(n.externalPfx, testID, "default/web:http", "tcp"),
+			"-A SKIFF-0000abcd-FILTER -m comment --comment \"default/web:http\" -d 198.51.100.4/32 -p tcp -m tcp --dport 80 -j DROP",
+			"--dport 30080 -j DROP",
+		},
+		absent: []string{"198.51.100.5", "-d 198.51.100.4/32 -p tcp -m tcp --dport 80 -j SKIFF-0000abcd-MARK-MASQ"},
+	}, {
+		name: "loadBalancerSourceRanges: only those sources are translated, the rest dropped",
+		services: []*corev1.Service{service("web", "10.96.0.10", nodePort(30080), func(s *corev1.Service) {
+			s.Spec.Type = corev1.ServiceTypeLoadBalancer
+			s.Spec.LoadBalancerSourceRanges = []string{"203.0.113.0/24", " 10.0.0.0/8"}
+			s.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.4"}}
+		})},
+		slices: []*discoveryv1.EndpointSlice{slice("web", ep{ip: "10.244.1.5", node: "node-b"})},
+		want: []string{
+			"-A SKIFF-0000abcd-SVCS -m comment --comment \"default/web:http\" -s 203.0.113.0/24 -d 198.51.100.4/32 -p tcp -m tcp --dport 80 -j " + svcChain("web"),
+			"-A SKIFF-0000abcd-SVCS -m comment --comment \"default/web:http\" -s 10.0.0.0/8 -d 198.51.100.4/32 -p tcp -m tcp --dport 80 -j " + svcChain("web"),
+			"-A SKIFF-0000abcd-FILTER -m comment --comment \"default/web:http\" -d 198.51.100.4/32 -p tcp -m tcp --dport 80 -j DROP",
+		},
+		absent: []string{"-A SKIFF-0000abcd-SVCS -m comment --comment \"default/web:http\" -d 198.51.100.4/32"},
+	}, {
 		name:     "headless and ExternalName Services have no rules",
 		services: []*corev1.Service{service("headless", corev1.ClusterIPNone), service("ext", "", func(s *corev1.Service) { s.Spec.Type = corev1.ServiceTypeExternalName })},
 		absent:   []string{"headless", "default/ext"},
