@@ -143,6 +143,37 @@ var podTemplateColumns = []column{
 
 // Services.
 
+// serviceExternalIP is kubectl's EXTERNAL-IP column, as kube-apiserver's printer has it: a load balancer's
+// ingress addresses (shortened past 16 characters) and the externalIPs, <pending> for a LoadBalancer that has
+// none, the external name of an ExternalName Service.
+func serviceExternalIP(svc *corev1.Service) string {
+	external := svc.Spec.ExternalIPs
+	switch svc.Spec.Type {
+	case corev1.ServiceTypeLoadBalancer:
+		var lb []string
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			if in.IP != "" {
+				lb = append(lb, in.IP)
+			} else if in.Hostname != "" {
+				lb = append(lb, in.Hostname)
+			}
+		}
+		ips := strings.Join(lb, ",")
+		if len(ips) > 16 {
+			ips = ips[:13] + "..."
+		}
+		if ips != "" {
+			external = append([]string{ips}, external...)
+		}
+		if len(external) == 0 {
+			return "<pending>"
+		}
+	case corev1.ServiceTypeExternalName:
+		return svc.Spec.ExternalName
+	}
+	return noneIfEmpty(strings.Join(external, ","))
+}
+
 // validateLoadBalancerFields is Kubernetes' validation of the fields only a LoadBalancer Service may set:
 // loadBalancerSourceRanges (CIDRs, space-padding allowed), allocateLoadBalancerNodePorts and loadBalancerClass
 // (a qualified name).
@@ -327,9 +358,7 @@ var serviceColumns = []column{
 	nameColumn,
 	{name: "Type", typ: "string", value: func(o runtime.Object) interface{} { return string(o.(*corev1.Service).Spec.Type) }},
 	{name: "Cluster-IP", typ: "string", value: func(o runtime.Object) interface{} { return noneIfEmpty(o.(*corev1.Service).Spec.ClusterIP) }},
-	{name: "External-IP", typ: "string", value: func(o runtime.Object) interface{} {
-		return noneIfEmpty(strings.Join(o.(*corev1.Service).Spec.ExternalIPs, ","))
-	}},
+	{name: "External-IP", typ: "string", value: func(o runtime.Object) interface{} { return serviceExternalIP(o.(*corev1.Service)) }},
 	{name: "Port(s)", typ: "string", value: servicePorts},
 	ageColumn,
 	{name: "Selector", typ: "string", priority: 1, value: func(o runtime.Object) interface{} {

@@ -356,6 +356,13 @@ func freeSubnet() (string, error) {
 	return "", errors.New("no free 10.x.y.0/24 for the local cluster")
 }
 
+// LoadBalancerPool is the servers' default load balancer pool: the top of the cluster's /24 (.200 to .250),
+// above the hosts' addresses (.10 up) and below the broadcast address.
+func LoadBalancerPool(st *State) string {
+	prefix := strings.TrimSuffix(st.Gateway, ".1")
+	return prefix + ".200-" + prefix + ".250"
+}
+
 // freePodCIDR picks a 10.x.0.0/16 (x from 100 to 199) for the cluster's pods that overlaps no route of this
 // machine's, in its own network namespace or in any named one: the hosts of other local clusters route their
 // pod CIDRs there, and a `skiff dev` or an agent on the machine itself here. Two clusters on one machine then
@@ -461,8 +468,13 @@ server {
   token            = %q
   # The servers reach pods (webhooks, extension API servers) through each node's pod CIDR route.
   route_pod_cidrs  = true%s
+  # LoadBalancer Services get addresses on the cluster's network, which this machine is on: one agent
+  # answers for each, and another takes it over when that one dies.
+  load_balancer {
+    pool = [%q]
+  }
 }
-`, h.Name, h.Netns, h.Name, dataDir, h.IP, st.GossipKey, len(serverIPs), quoted(serverIPs), st.Token, clusterCIDR)
+`, h.Name, h.Netns, h.Name, dataDir, h.IP, st.GossipKey, len(serverIPs), quoted(serverIPs), st.Token, clusterCIDR, LoadBalancerPool(st))
 	}
 	return fmt.Sprintf(`# skiff local: agent %s in network namespace %s
 name      = %q

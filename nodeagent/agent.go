@@ -284,6 +284,13 @@ func (a *Agent) Run(ctx context.Context) error {
 				}
 			}()
 		}
+		if a.pool != nil && len(a.nodes) == 1 {
+			a.wg.Add(1)
+			go func() {
+				defer a.wg.Done()
+				a.announceLoadBalancers(ctx, a.pool)
+			}()
+		}
 	}
 	a.wg.Add(1)
 	go func() {

@@ -1,0 +1,104 @@
+package e2e
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/skiff-dev/skiff/internal/proctest"
+)
+
+// TestLocalLoadBalancer: on `skiff local`, whose servers have a pool on the cluster's own network (which this
+// machine is on), `kubectl get svc` shows a LoadBalancer Service's address, the machine reaches the Service's
+// pods at it, and when the agent answering for it is killed with kill -9 the other one takes it over
+// (announced with gratuitous ARP) and the address keeps answering.
+func TestLocalLoadBalancer(t *testing.T) {
+	parallel(t)
+	requireRealRuntime(t)
+	bin := proctest.Binary(t)
+	dir := t.TempDir()
+	st := upLocalCluster(t, bin, dir, "--servers", "1")
+	k := kubectl{t: t, kubeconfig: st.Kubeconfig(dir)}
+	k.waitNodeHealth("agent-1", "True/", 60*time.Second)
+	k.waitNodeHealth("agent-2", "True/", 60*time.Second)
+	k.waitForAPI("default")
+	applyYAML(t, k, `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      topologySpreadConstraints: [{maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: web}}}]
+      containers:
+      - name: httpd
+        image: skiff.local/busybox:1
+        command: ["sh", "-c", "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  type: LoadBalancer
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
+`)
+	k.ok("rollout", "status", "deployment/web", "--timeout=120s")
+	var ip string
+	proctest.WaitFor(t, "web's EXTERNAL-IP", 60*time.Second, func() error {
+		out := k.ok("get", "svc", "web", "--no-headers")
+		if f := strings.Fields(out); len(f) < 4 || f[3] == "<pending>" {
+			return fmt.Errorf("not yet: %s", out)
+		}
+		ip = strings.Fields(out)[3]
+		return nil
+	})
+	get := func() error {
+		c := http.Client{Timeout: 2 * time.Second}
+		resp, err := c.Get("http://" + ip + "/")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		if !strings.HasPrefix(string(body), "web-") {
+			return fmt.Errorf("%s answered %q", ip, body)
+		}
+		return nil
+	}
+	proctest.WaitFor(t, "web at "+ip+" from this machine", 30*time.Second, get)
+
+	// The agent that answers for the address says so in an event on the Service.
+	announcer := func() string {
+		out := k.ok("get", "events", "--field-selector", "involvedObject.name=web,reason=LoadBalancerAnnounced",
+			"--sort-by", ".lastTimestamp", "-o", "jsonpath={range .items[*]}{.message}{\"\\n\"}{end}")
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		var node string
+		fmt.Sscanf(lines[len(lines)-1], "node %s answers", &node)
+		return node
+	}
+	var first string
+	proctest.WaitFor(t, "an agent announcing "+ip, 30*time.Second, func() error {
+		if first = announcer(); first == "" {
+			return fmt.Errorf("no LoadBalancerAnnounced event yet")
+		}
+		return nil
+	})
+	killed := time.Now()
+	if err := st.Kill(first); err != nil {
+		t.Fatal(err)
+	}
+	proctest.WaitFor(t, "another agent to take "+ip+" over", 60*time.Second, func() error {
+		if now := announcer(); now == first || now == "" {
+			return fmt.Errorf("still %s", now)
+		}
+		return nil
+	})
+	t.Logf("%s killed; %s answers for %s %.1f s later", first, announcer(), ip, time.Since(killed).Seconds())
+	proctest.WaitFor(t, "web at "+ip+" after the takeover", 30*time.Second, get)
+}
