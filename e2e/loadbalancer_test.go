@@ -13,7 +13,7 @@ import (
 
 // TestLocalLoadBalancer: on `skiff local`, whose servers have a pool on the cluster's own network (which this
 // machine is on), `kubectl get svc` shows a LoadBalancer Service's address, the machine reaches the Service's
-// pods at it, and when the agent answering for it is killed with kill -9 the other one takes it over
+// pods at it (with externalTrafficPolicy Local, the pod sees the machine's own address), and when the agent answering for it is killed with kill -9 the other one takes it over
 // (announced with gratuitous ARP) and the address keeps answering.
 func TestLocalLoadBalancer(t *testing.T) {
 	parallel(t)
@@ -38,7 +38,16 @@ spec:
       containers:
       - name: httpd
         image: skiff.local/busybox:1
-        command: ["sh", "-c", "mkdir -p /www && hostname > /www/index.html && exec httpd -f -p 8080 -h /www"]
+        command: ["sh", "-c", "mkdir -p /www/cgi-bin && hostname > /www/index.html && printf '#!/bin/sh\\necho\\necho peer=$REMOTE_ADDR\\n' > /www/cgi-bin/peer && chmod +x /www/cgi-bin/peer && exec httpd -f -p 8080 -h /www"]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web-local}
+spec:
+  type: LoadBalancer
+  externalTrafficPolicy: Local
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 8080}]
 ---
 apiVersion: v1
 kind: Service
@@ -49,29 +58,51 @@ spec:
   ports: [{port: 80, targetPort: 8080}]
 `)
 	k.ok("rollout", "status", "deployment/web", "--timeout=120s")
-	var ip string
-	proctest.WaitFor(t, "web's EXTERNAL-IP", 60*time.Second, func() error {
-		out := k.ok("get", "svc", "web", "--no-headers")
-		if f := strings.Fields(out); len(f) < 4 || f[3] == "<pending>" {
-			return fmt.Errorf("not yet: %s", out)
-		}
-		ip = strings.Fields(out)[3]
-		return nil
-	})
-	get := func() error {
+	externalIP := func(svc string) string {
+		var ip string
+		proctest.WaitFor(t, svc+"'s EXTERNAL-IP", 60*time.Second, func() error {
+			out := k.ok("get", "svc", svc, "--no-headers")
+			if f := strings.Fields(out); len(f) < 4 || f[3] == "<pending>" {
+				return fmt.Errorf("not yet: %s", out)
+			}
+			ip = strings.Fields(out)[3]
+			return nil
+		})
+		return ip
+	}
+	fetch := func(ip, path string) (string, error) {
 		c := http.Client{Timeout: 2 * time.Second}
-		resp, err := c.Get("http://" + ip + "/")
+		resp, err := c.Get("http://" + ip + path)
+		if err != nil {
+			return "", err
+		}
+		defer resp.Body.Close()
+		body, err := io.ReadAll(resp.Body)
+		return strings.TrimSpace(string(body)), err
+	}
+	ip := externalIP("web")
+	get := func() error {
+		body, err := fetch(ip, "/")
+		if err == nil && !strings.HasPrefix(body, "web-") {
+			err = fmt.Errorf("%s answered %q", ip, body)
+		}
+		return err
+	}
+	proctest.WaitFor(t, "web at "+ip+" from this machine", 30*time.Second, get)
+
+	// externalTrafficPolicy Local keeps the client's address: the pod sees this machine's, on the cluster's
+	// network, not a node's.
+	localIP := externalIP("web-local")
+	proctest.WaitFor(t, "web-local at "+localIP+" to see this machine's address", 30*time.Second, func() error {
+		body, err := fetch(localIP, "/cgi-bin/peer")
 		if err != nil {
 			return err
 		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(resp.Body)
-		if !strings.HasPrefix(string(body), "web-") {
-			return fmt.Errorf("%s answered %q", ip, body)
+		if peer := strings.TrimPrefix(strings.Trim(strings.TrimPrefix(body, "peer="), "[]"), "::ffff:"); peer != st.Gateway {
+			return fmt.Errorf("the pod saw the client as %q, want this machine's %s", body, st.Gateway)
 		}
 		return nil
-	}
-	proctest.WaitFor(t, "web at "+ip+" from this machine", 30*time.Second, get)
+	})
 
 	// The agent that answers for the address says so in an event on the Service.
 	announcer := func() string {
