@@ -159,7 +159,13 @@ spec:
 	ga.kill()
 	k.waitNodeHealth("ga", "Unknown/NodeStatusUnknown node.kubernetes.io/unreachable node.kubernetes.io/unreachable", 30*time.Second)
 	t.Logf("ga marked unreachable %v after kill -9", time.Since(killed).Round(100*time.Millisecond))
-	mustContain(t, "pod ready condition", k.ok("get", "pod", "patient", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`), "False")
+	// The node lifecycle controller marks the node's pods not ready after the node itself: a write later.
+	proctest.WaitFor(t, "patient's Ready condition False", 10*time.Second, func() error {
+		if out := k.ok("get", "pod", "patient", "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`); out != "False" {
+			return fmt.Errorf("Ready is %q", out)
+		}
+		return nil
+	})
 	proctest.WaitFor(t, "brief evicted", 30*time.Second, func() error {
 		if out := k.ok("get", "pod", "brief", "-o", "jsonpath={.metadata.deletionTimestamp}"); out == "" {
 			return fmt.Errorf("not marked for deletion yet")
