@@ -57,6 +57,7 @@ type AgentBlock struct {
 	Registries       []RegistryBlock   `hcl:"registry,block"`
 	Simulated        *SimulatedBlock   `hcl:"simulated,block"`
 	Proxy            *ProxyBlock       `hcl:"proxy,block"`
+	NetworkPolicy    *NetPolBlock      `hcl:"network_policy,block"`
 	DNS              *DNSBlock         `hcl:"dns,block"`
 	// Container logs rotate when a file reaches container_log_max_size; container_log_max_files are kept
 	// per container, the current one included (the kubelet's containerLogMaxSize and containerLogMaxFiles).
@@ -102,6 +103,11 @@ type ProxyBlock struct {
 	FullSyncInterval *string `hcl:"full_sync_interval,optional"`
 }
 
+// NetPolBlock is `agent { network_policy { ... } }`: NetworkPolicy enforcement in iptables and ipset.
+type NetPolBlock struct {
+	Enabled *bool `hcl:"enabled,optional"`
+}
+
 // The runtimes an agent can run pods with.
 const (
 	RuntimeContainerd = "containerd"
@@ -136,7 +142,9 @@ type Agent struct {
 	Registries []Registry
 	Simulated  Simulated
 	Proxy      Proxy
-	DNS        AgentDNS
+	// NetworkPolicy enables NetworkPolicy enforcement (containerd runtime only).
+	NetworkPolicy bool
+	DNS           AgentDNS
 	// ContainerLogMaxSize is the size at which a container's log file rotates; ContainerLogMaxFiles how
 	// many files a container keeps, the current one included.
 	ContainerLogMaxSize  int64
@@ -192,6 +200,7 @@ func DefaultAgentFile() *AgentFile {
 			Enabled: ptr(true), MaxPods: ptr(110), Runtime: ptr(RuntimeContainerd), RetryInterval: ptr("15s"), RetryMax: ptr(0),
 			Simulated:           &SimulatedBlock{Nodes: ptr(1), CPU: ptr("4"), Memory: ptr("8Gi"), Pods: ptr(110), Zones: ptr(1)},
 			Proxy:               &ProxyBlock{Enabled: ptr(true), MinSyncInterval: ptr("1s"), FullSyncInterval: ptr("30s")},
+			NetworkPolicy:       &NetPolBlock{Enabled: ptr(true)},
 			DNS:                 &DNSBlock{Enabled: ptr(true)},
 			ContainerLogMaxSize: ptr("10Mi"), ContainerLogMaxFiles: ptr(5),
 		},
@@ -345,6 +354,7 @@ func resolveAgent(f *AgentFile, src *source) (*Agent, error) {
 	if a.Proxy.MinSyncInterval > 0 && a.Proxy.FullSyncInterval > 0 && a.Proxy.FullSyncInterval < a.Proxy.MinSyncInterval {
 		errs.add(src, "agent.proxy.full_sync_interval", fmt.Sprintf("%s is shorter than min_sync_interval (%s)", a.Proxy.FullSyncInterval, a.Proxy.MinSyncInterval))
 	}
+	a.NetworkPolicy = *b.NetworkPolicy.Enabled
 	a.DNS = resolveDNS(b.DNS, src, &errs)
 	sim := b.Simulated
 	a.Simulated = Simulated{Nodes: *sim.Nodes, Pods: *sim.Pods, Zones: *sim.Zones, Labels: sim.Labels}

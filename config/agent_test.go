@@ -26,6 +26,9 @@ agent {
   proxy {
     min_sync_interval = "250ms"
   }
+  network_policy {
+    enabled = false
+  }
   simulated {
     nodes  = 5000
     cpu    = "4"
@@ -60,6 +63,12 @@ func TestLoadAgentExample(t *testing.T) {
 	}
 	if p := a.Proxy; !p.Enabled || p.MinSyncInterval != 250*time.Millisecond || p.FullSyncInterval != 30*time.Second {
 		t.Errorf("proxy %+v (defaults kept beside the file's min_sync_interval)", p)
+	}
+	if a.NetworkPolicy {
+		t.Error("network_policy { enabled = false } left policies enforced")
+	}
+	if d, err := LoadAgent(writeFile(t, "name = \"n1\"\ndata_dir = \"/tmp/x\"\nagent {\n  servers = [\"127.0.0.1\"]\n  token = \"0123456789abcdef\"\n}\n"), nil); err != nil || !d.NetworkPolicy {
+		t.Errorf("by default policies are enforced: %v %v", d, err)
 	}
 }
 

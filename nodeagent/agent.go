@@ -31,6 +31,7 @@ import (
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/gossip"
 	"github.com/skiff-dev/skiff/internal/version"
+	"github.com/skiff-dev/skiff/nodeagent/netpol"
 	"github.com/skiff-dev/skiff/nodeagent/proxy"
 	"github.com/skiff-dev/skiff/nodeagent/stats"
 )
@@ -205,11 +206,29 @@ func (a *Agent) Run(ctx context.Context) error {
 		// Every Service, for the pods' service links (env.go); listed before the first pod starts, below.
 		services = informers.NewSharedInformerFactory(a.client, 0)
 		rt.services = services.Core().V1().Services().Lister()
+		if a.cfg.NetworkPolicy {
+			id := hostID(a.cfg.Name, a.cfg.DataDir)
+			engine, err := netpol.New(netpol.Config{ID: id, Owner: proxy.OwnerComment(id, a.cfg.DataDir), Client: a.client,
+				Local: func(node string) bool { return a.nodes[node] }, Logger: a.logger.Named("netpol")})
+			if err != nil {
+				return fmt.Errorf("%w (or set agent.network_policy.enabled = false)", err)
+			}
+			rt.policies = engine
+		}
 	}
 	if err := a.registerNodes(ctx); err != nil {
 		return err
 	}
 	a.logger.Info("nodes registered", "nodes", len(a.nodes), "runtime", a.runtime.Version())
+	if rt, ok := a.runtime.(*containerdRuntime); ok && rt.policies != nil {
+		a.wg.Add(1) // its chains stay in force when it stops: pods outlive the agent
+		go func() {
+			defer a.wg.Done()
+			if err := rt.policies.Run(ctx); err != nil {
+				a.logger.Warn("network policies", "error", err)
+			}
+		}()
+	}
 	if a.cfg.Runtime == config.RuntimeContainerd {
 		a.watchClusterFacts(ctx, 15*time.Second) // before the first pod's resolv.conf
 		services.Start(ctx.Done())

@@ -13,6 +13,7 @@ import (
 	"github.com/hashicorp/go-hclog"
 
 	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/nodeagent/netpol"
 	"github.com/skiff-dev/skiff/nodeagent/proxy"
 )
 
@@ -30,9 +31,14 @@ import (
 // removeDeadAgents removes the leftovers of every agent on this host that is not alive. self is this agent's
 // hostID; the caller holds its Claim. A failure is logged: the agent runs on.
 func removeDeadAgents(ctx context.Context, cfg *config.Agent, self string, logger hclog.Logger) {
-	dead, err := proxy.RemoveStale(ctx, proxy.Commands{}, self)
+	dead, err := proxy.RemoveStale(ctx, proxy.Commands{}, self) // network policy chains too
 	if err != nil {
 		logger.Warn("removing iptables rules of dead agents", "error", err)
+	}
+	if len(dead) > 0 { // their chains are gone: no rule names their sets any more
+		if err := netpol.RemoveSets(ctx, netpol.Commands{}, func(id string) bool { _, ok := dead[id]; return ok }); err != nil {
+			logger.Warn("removing ipsets of dead agents", "error", err)
+		}
 	}
 	if dead == nil {
 		dead = map[string]string{}

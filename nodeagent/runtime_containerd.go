@@ -30,6 +30,7 @@ import (
 	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/nodeagent/containerio"
 	"github.com/skiff-dev/skiff/nodeagent/dns"
+	"github.com/skiff-dev/skiff/nodeagent/netpol"
 	"github.com/skiff-dev/skiff/nodeagent/proxy"
 )
 
@@ -78,6 +79,7 @@ type containerdRuntime struct {
 	podCIDR     string
 	dnsFacts    func() clusterDNS         // the cluster DNS for pods' resolv.conf (nil: not known)
 	services    corelisters.ServiceLister // every Service, for the pods' service links (nil: none)
+	policies    *netpol.Engine            // NetworkPolicy enforcement (nil: off)
 
 	probes       *probeManager
 	crashBackoff *restartBackoff
@@ -1065,7 +1067,8 @@ func teardown(ctx context.Context, cfg *config.Agent, id string, logger hclog.Lo
 	// The node's DNS process, which outlives agent restarts.
 	errs = append(errs, dns.StopChild(dnsDir(cfg)))
 	// The masquerade chain and any service chains a killed agent left.
-	errs = append(errs, proxy.RemoveAll(ctx, proxy.Commands{}, id))
+	errs = append(errs, proxy.RemoveAll(ctx, proxy.Commands{}, id)) // network policy chains too
+	errs = append(errs, netpol.RemoveSets(ctx, netpol.Commands{}, func(owner string) bool { return owner == id }))
 	// Mounts a killed containerd left behind under the data dir (its temporary unpack mounts, say).
 	errs = append(errs, unmountUnder(cfg.DataDir))
 	// The parent cgroups runc made for the containers' /skiff/<id> paths; rmdir removes only empty ones, so

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/containerd/containerd"
 	"github.com/containerd/containerd/cio"
@@ -36,6 +37,9 @@ type sandbox struct {
 
 // nsPath is the path of one of the pause process's namespaces, which the pod's containers join.
 func (s *sandbox) nsPath(kind string) string { return fmt.Sprintf("/proc/%d/ns/%s", s.pid, kind) }
+
+// policyWait bounds how long a sandbox waits for its pod's network policy chains before it is retried.
+const policyWait = 15 * time.Second
 
 // createSandbox starts a pod's pause container and network:
 //  1. create and start the pause container in new network, IPC, UTS and PID namespaces (the node's for hostNetwork,
@@ -129,6 +133,12 @@ func (r *containerdRuntime) startSandbox(ctx context.Context, pod *corev1.Pod, c
 		if sb.ip, err = network.add(ctx, id, sb.netns, pod); err != nil {
 			return nil, err
 		}
+		// A pod a NetworkPolicy isolates starts only once its chains are in force (netpol.Engine.Wired).
+		if r.policies != nil {
+			if err := r.policies.Wired(ctx, pod, sb.ip, policyWait); err != nil {
+				return nil, err
+			}
+		}
 	}
 	if _, err := ctr.SetLabels(ctx, map[string]string{labelIP: sb.ip}); err != nil {
 		return nil, err
@@ -164,6 +174,9 @@ func (r *containerdRuntime) removeSandbox(ctx context.Context, pod *corev1.Pod, 
 		}
 		if err := unpinNetns(netns); err != nil {
 			return err
+		}
+		if r.policies != nil {
+			r.policies.Forget(pod.UID)
 		}
 	}
 	return r.deleteContainer(ctx, rec)

@@ -5,7 +5,7 @@ set -euo pipefail
 # Debian packages: the container runtime, networking and registry pieces the node agent and its tests use,
 # and etcd-server, which the benchmarks run beside Skiff for comparison.
 # bind9-dnsutils, netcat-openbsd and nginx-light go into the conformance suite's images (conformance/images).
-packages=(containerd runc iptables conntrack containernetworking-plugins busybox-static docker-registry etcd-server iproute2 curl ca-certificates
+packages=(containerd runc iptables conntrack ipset containernetworking-plugins busybox-static docker-registry etcd-server iproute2 curl ca-certificates
   bind9-dnsutils netcat-openbsd nginx-light)
 
 missing=()

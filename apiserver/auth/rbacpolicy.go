@@ -23,8 +23,9 @@ import (
 )
 
 // skiffClusterRoles and skiffClusterRoleBindings are the policy Skiff adds to Kubernetes' own: a node
-// agent also runs the service proxy and cluster DNS, which in Kubernetes run as kube-proxy and CoreDNS, and
-// asks the servers for its endpoint's serving certificate; Skiff's scheduler reads PriorityClasses.
+// agent also runs the service proxy and cluster DNS, which in Kubernetes run as kube-proxy and CoreDNS,
+// enforces NetworkPolicies, and asks the servers for its endpoint's serving certificate; Skiff's scheduler
+// reads PriorityClasses.
 var (
 	skiffClusterRoles = []rbacv1.ClusterRole{
 		{ObjectMeta: metav1.ObjectMeta{Name: "skiff:agent"}, Rules: []rbacv1.PolicyRule{
@@ -37,6 +38,9 @@ var (
 			rbachelpers.NewRule("get", "list", "watch").Groups("").Resources("persistentvolumeclaims").RuleOrDie(),
 			rbachelpers.NewRule("get", "list", "watch", "create", "delete").Groups("").Resources("persistentvolumes").RuleOrDie(),
 			rbachelpers.NewRule("get", "list", "watch").Groups("storage.k8s.io").Resources("storageclasses").RuleOrDie(),
+			// Each agent enforces NetworkPolicies on its node's pods (nodeagent/netpol), as a policy engine's
+			// per-node daemon does with its own service account in Kubernetes.
+			rbachelpers.NewRule("list", "watch").Groups("networking.k8s.io").Resources("networkpolicies").RuleOrDie(),
 		}},
 		// Skiff's scheduler reads PriorityClasses itself and evicts preemption victims, which kube-scheduler's
 		// role does not grant.

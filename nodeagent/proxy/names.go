@@ -58,6 +58,7 @@ func chainOwnerID(chain string) string {
 		return ""
 	}
 	rest = strings.TrimPrefix(rest, "MASQ-")
+	rest = strings.TrimPrefix(rest, "NP-") // network policy chains (nodeagent/netpol)
 	if len(rest) < 8 || (len(rest) > 8 && rest[8] != '-') {
 		return ""
 	}

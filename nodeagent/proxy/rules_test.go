@@ -290,7 +290,7 @@ func TestBuildRules(t *testing.T) {
 
 func TestChainOwnerID(t *testing.T) {
 	for chain, want := range map[string]string{
-		"SKIFF-0000abcd-SVCS": "0000abcd", "SKIFF-0000abcd-S-ABCDEFGHIJK": "0000abcd", "SKIFF-MASQ-0000abcd": "0000abcd",
+		"SKIFF-0000abcd-SVCS": "0000abcd", "SKIFF-0000abcd-S-ABCDEFGHIJK": "0000abcd", "SKIFF-MASQ-0000abcd": "0000abcd", "SKIFF-NP-0000abcd-FWD": "0000abcd",
 		"KUBE-SERVICES": "", "SKIFF-SHORT": "", "SKIFF-0000abcdX": "", "DOCKER": "",
 	} {
 		if got := chainOwnerID(chain); got != want {
