@@ -51,6 +51,7 @@ bench: setup build
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NodeDetection' -benchtime 1x -timeout 30m ./bench/
 	$(GO) test -count=1 -run '^$$' -bench 'GossipConvergence' -benchtime 10x -timeout 30m ./gossip/
 	$(GO) test -count=1 -run '^$$' -bench 'BuildRules|Sync|RestoreOnly' -benchtime 3x -timeout 30m ./nodeagent/proxy/
+	$(GO) test -count=1 -run '^$$' -bench 'Build|PolicySync' -benchtime 100x -timeout 30m ./nodeagent/netpol/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NetworkProgramming|ClusterDNS' -benchtime 1x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench '^Benchmark(Exec|LogsFollow|PortForward)$$' -benchtime 1x -timeout 30m ./bench/
 

@@ -26,6 +26,7 @@ bench            Workloads                                  1x    -workloads.job
 bench            NodeDetection                              1x    -detect.trials=1 -detect.nodes=50
 gossip           GossipConvergence                          1x    -gossip.members=10
 nodeagent/proxy  BuildRules|Sync|RestoreOnly                1x    -proxy.services=100
+nodeagent/netpol Build|PolicySync                          5x    -netpol.policies=100 -netpol.pods=500
 bench            NetworkProgramming|ClusterDNS              1x    -netprog.pods=6 -dns.queries=2000
 bench            ^Benchmark(Exec|LogsFollow|PortForward)$   1x    -exec.runs=5 -logs.seconds=2 -pf.mib=16 -pf.runs=1
 bench            PodStartup                                 1x    -startup.pods=5

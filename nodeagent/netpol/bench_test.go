@@ -1,0 +1,197 @@
+package netpol
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/tools/cache"
+)
+
+var (
+	benchPolicies = flag.Int("netpol.policies", 1000, "NetworkPolicies in the benchmarks")
+	benchPods     = flag.Int("netpol.pods", 5000, "pods in the benchmarks, over 50 nodes and 50 namespaces")
+)
+
+// benchObjects is -netpol.pods pods (5,000 by default) in 50 namespaces on 50 nodes, so that node-0 has a
+// fiftieth of them, each labelled with one of 10 apps and 2 tiers, and -netpol.policies policies spread over
+// the namespaces in four shapes: ingress from pods of the namespace on a named port, ingress from labelled
+// namespaces on a port range, egress to an ipBlock with an except plus DNS, and default deny. Every pod is
+// selected by a few policies.
+func benchObjects() ([]*networkingv1.NetworkPolicy, []*corev1.Pod, []*corev1.Namespace) {
+	const namespaces, nodes, apps = 50, 50, 10
+	var nss []*corev1.Namespace
+	for i := range namespaces {
+		nss = append(nss, namespace(fmt.Sprintf("ns-%02d", i), map[string]string{"team": fmt.Sprintf("team-%d", i%5)}))
+	}
+	var pods []*corev1.Pod
+	for i := range *benchPods {
+		ns := fmt.Sprintf("ns-%02d", i%namespaces)
+		ip := fmt.Sprintf("10.%d.%d.%d", 100+i%nodes, i/nodes/250, i/nodes%250+2)
+		pods = append(pods, &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("pod-%05d", i), UID: types.UID(fmt.Sprintf("uid-%05d", i)),
+				Labels: map[string]string{"app": fmt.Sprintf("app-%d", i/namespaces%apps), "tier": fmt.Sprintf("tier-%d", i%2)}},
+			Spec: corev1.PodSpec{NodeName: fmt.Sprintf("node-%d", i/7%nodes), Containers: []corev1.Container{{Name: "c",
+				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "metrics", ContainerPort: 9090}}}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}},
+		})
+	}
+	var policies []*networkingv1.NetworkPolicy
+	udp := corev1.ProtocolUDP
+	for i := range *benchPolicies {
+		ns := fmt.Sprintf("ns-%02d", i%namespaces)
+		app := map[string]string{"app": fmt.Sprintf("app-%d", i/namespaces%apps)}
+		p := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("policy-%04d", i)},
+			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: app}}}
+		switch i % 4 {
+		case 0:
+			p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "tier-0"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{tcp(intstr.FromString("http"))},
+			}}
+		case 1:
+			p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": fmt.Sprintf("team-%d", i%5)}},
+					PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "tier-1"}}}},
+				Ports: []networkingv1.NetworkPolicyPort{tcp(intstr.FromInt32(8000), 8999)},
+			}}
+		case 2:
+			p.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
+			p.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{
+				{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{fmt.Sprintf("10.%d.0.0/16", 100+i%nodes)}}}}},
+				{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: ptr(intstr.FromInt32(53))}}},
+			}
+		case 3:
+			p.Spec.PodSelector = metav1.LabelSelector{}
+			p.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+		}
+		policies = append(policies, p)
+	}
+	return policies, pods, nss
+}
+
+func ptr[T any](v T) *T { return &v }
+
+func benchInput() Input {
+	policies, pods, nss := benchObjects()
+	return Input{ID: "0000abcd", Owner: "skiff:0000abcd:", Policies: policies, Pods: pods, Namespaces: nss,
+		Local: func(p *corev1.Pod) bool { return p.Spec.NodeName == "node-0" }}
+}
+
+// BenchmarkBuild is the rule generation alone, for node-0's pods.
+func BenchmarkBuild(b *testing.B) {
+	in := benchInput()
+	b.ReportAllocs()
+	var rs *Ruleset
+	for b.Loop() {
+		rs = Build(in)
+	}
+	entries := 0
+	for _, s := range rs.Sets {
+		entries += len(s.Entries)
+	}
+	b.ReportMetric(float64(len(rs.Restore)), "bytes/ruleset")
+	b.ReportMetric(float64(rs.Isolated), "isolated-pods")
+	b.ReportMetric(float64(len(rs.Sets)), "sets")
+	b.ReportMetric(float64(entries), "set-entries")
+}
+
+// BenchmarkPolicySync times Engine.Sync on the real iptables and ipset in a throwaway namespace, after one
+// policy changed (a new port on an ingress rule, so that the chains of the pods it selects change), which
+// is what a policy write costs a node once its informer has it: build, create the new sets, restore the
+// chains, destroy the old sets. It reports the p50 and p99 of that programming latency and the CPU it took,
+// the iptables and ipset processes included. The first, full sync is reported apart.
+func BenchmarkPolicySync(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root for network namespaces, iptables and ipset")
+	}
+	for _, tool := range []string{"ip", "iptables", "iptables-restore", "ipset"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			b.Skipf("%s not installed", tool)
+		}
+	}
+	name := fmt.Sprintf("skiffnp-%08x", rand.Uint32())
+	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
+		b.Fatalf("%v: %s", err, out)
+	}
+	defer exec.Command("ip", "netns", "del", name).Run()
+	dir := b.TempDir()
+	wrap := func(tool string) string {
+		path := filepath.Join(dir, tool)
+		if err := os.WriteFile(path, []byte(fmt.Sprintf("#!/bin/sh\nexec ip netns exec %s %s \"$@\"\n", name, tool)), 0o755); err != nil {
+			b.Fatal(err)
+		}
+		return path
+	}
+	e, err := New(Config{ID: "0000abcd", Owner: "skiff:0000abcd:", Local: func(n string) bool { return n == "node-0" },
+		Commands: Commands{IPTables: wrap("iptables"), IPTablesSave: wrap("iptables-save"), IPTablesRestore: wrap("iptables-restore"), IPSet: wrap("ipset")}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	e.policies = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	e.pods = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	e.namespaces = cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})
+	policies, pods, nss := benchObjects()
+	for _, p := range policies {
+		_ = e.policies.Add(p)
+	}
+	for _, p := range pods {
+		_ = e.pods.Add(p)
+	}
+	for _, n := range nss {
+		_ = e.namespaces.Add(n)
+	}
+	ctx := context.Background()
+	start := time.Now()
+	if err := e.Sync(ctx); err != nil {
+		b.Fatal(err)
+	}
+	first := time.Since(start)
+	var took []time.Duration
+	defer reportCPU(b)()
+	for i := 0; b.Loop(); i++ {
+		changed := policies[(i*4)%len(policies)].DeepCopy() // an ingress policy of shape 0
+		changed.Spec.Ingress[0].Ports = append(changed.Spec.Ingress[0].Ports, tcp(intstr.FromInt32(int32(10000+i%50000))))
+		_ = e.policies.Update(changed)
+		start := time.Now()
+		if err := e.Sync(ctx); err != nil {
+			b.Fatal(err)
+		}
+		took = append(took, time.Since(start))
+	}
+	sort.Slice(took, func(i, j int) bool { return took[i] < took[j] })
+	at := func(q float64) float64 { return float64(took[int(q*float64(len(took)-1))].Microseconds()) / 1000 }
+	b.ReportMetric(at(0.5), "p50-ms")
+	b.ReportMetric(at(0.99), "p99-ms")
+	b.ReportMetric(float64(first.Milliseconds()), "first-sync-ms")
+}
+
+// reportCPU counts the CPU time of this process and of the commands it ran and waited for; the function it
+// returns reports it per operation.
+func reportCPU(b *testing.B) func() {
+	cpu := func() time.Duration {
+		var self, children syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &self)
+		_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &children)
+		var total time.Duration
+		for _, tv := range []syscall.Timeval{self.Utime, self.Stime, children.Utime, children.Stime} {
+			total += time.Duration(tv.Nano())
+		}
+		return total
+	}
+	start := cpu()
+	return func() { b.ReportMetric((cpu()-start).Seconds()/float64(b.N), "cpu-s/op") }
+}
