@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
@@ -70,6 +71,25 @@ func TestNetworkingAndRuntimeClassKinds(t *testing.T) {
 		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{"Sideways"}}}, metav1.CreateOptions{}); !apierrors.IsInvalid(err) ||
 		!strings.Contains(err.Error(), "spec.policyTypes") {
 		t.Errorf("a NetworkPolicy with an unknown policy type: %v; want 422 naming spec.policyTypes", err)
+	}
+	// What the node agents could not program is refused with its field: a malformed CIDR, an except outside
+	// its block, a port range that ends below its start.
+	port80, end70 := intstr.FromInt32(80), int32(70)
+	for _, bad := range []struct {
+		spec  networkingv1.NetworkPolicySpec
+		field string
+	}{
+		{networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+			{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/33"}}}}}}, "spec.ingress[0].from[0].ipBlock.cidr"},
+		{networkingv1.NetworkPolicySpec{Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{
+			{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/16", Except: []string{"10.1.0.0/24"}}}}}}}, "spec.egress[0].to[0].ipBlock.except[0]"},
+		{networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{Ports: []networkingv1.NetworkPolicyPort{
+			{Port: &port80, EndPort: &end70}}}}}, "spec.ingress[0].ports[0].endPort"},
+	} {
+		_, err := net.NetworkPolicies(ns).Create(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: "bad"}, Spec: bad.spec}, metav1.CreateOptions{})
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), bad.field) {
+			t.Errorf("an invalid NetworkPolicy: %v; want 422 naming %s", err, bad.field)
+		}
 	}
 	if _, err := c.NodeV1().RuntimeClasses().Create(ctx, &nodev1.RuntimeClass{ObjectMeta: metav1.ObjectMeta{Name: "fast"}, Handler: "runc"}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
