@@ -14,7 +14,8 @@ import (
 // TestLocalLoadBalancer: on `skiff local`, whose servers have a pool on the cluster's own network (which this
 // machine is on), `kubectl get svc` shows a LoadBalancer Service's address, the machine reaches the Service's
 // pods at it (with externalTrafficPolicy Local, the pod sees the machine's own address), and when the agent answering for it is killed with kill -9 the other one takes it over
-// (announced with gratuitous ARP) and the address keeps answering.
+// (announced with gratuitous ARP) and the address keeps answering. A node labelled
+// node.kubernetes.io/exclude-from-external-load-balancers hands the address to another.
 func TestLocalLoadBalancer(t *testing.T) {
 	parallel(t)
 	requireRealRuntime(t)
@@ -120,6 +121,24 @@ spec:
 		}
 		return nil
 	})
+	// A node labelled node.kubernetes.io/exclude-from-external-load-balancers stops answering; the other takes
+	// the address, and gives it back when the label goes.
+	k.ok("label", "node", first, "node.kubernetes.io/exclude-from-external-load-balancers=true")
+	proctest.WaitFor(t, "the other agent to answer for "+ip+" once "+first+" is excluded", 30*time.Second, func() error {
+		if now := announcer(); now == first || now == "" {
+			return fmt.Errorf("still %s", now)
+		}
+		return nil
+	})
+	proctest.WaitFor(t, "web at "+ip+" while "+first+" is excluded", 30*time.Second, get)
+	k.ok("label", "node", first, "node.kubernetes.io/exclude-from-external-load-balancers-")
+	proctest.WaitFor(t, first+" to answer for "+ip+" again", 30*time.Second, func() error {
+		if now := announcer(); now != first {
+			return fmt.Errorf("now %s", now)
+		}
+		return nil
+	})
+
 	killed := time.Now()
 	if err := st.Kill(first); err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/client-go/informers"
 
 	"github.com/skiff-dev/skiff/gossip"
@@ -26,9 +27,10 @@ import (
 // answers ARP requests for the address on its uplink, and says so with gratuitous ARP when it takes the
 // address over; every node's proxy has the address's rules, so the node that gets the traffic serves it.
 // Every agent chooses alike, with no coordination: among the agents alive in the gossip pool (with a ready
-// endpoint of the Service on their node, for externalTrafficPolicy Local), the one whose name hashes lowest
-// with the address. When that agent dies, the pool marks it dead within its suspicion time and the next one
-// takes the address.
+// endpoint of the Service on their node, for externalTrafficPolicy Local; never a node labelled
+// node.kubernetes.io/exclude-from-external-load-balancers), the one whose name hashes lowest with the
+// address. When that agent dies, the pool marks it dead within its suspicion time and the next one takes the
+// address.
 //
 // The address is not configured on the interface: the kernel would go on answering ARP for it after the
 // agent died (a crashed agent, a live node), and two nodes would answer. The agent answers in user space, on
@@ -57,6 +59,7 @@ func (a *Agent) announceLoadBalancers(ctx context.Context, pool *gossip.Pool) {
 	factory := informers.NewSharedInformerFactory(a.client, 0)
 	services := factory.Core().V1().Services().Lister()
 	slicesLister := factory.Discovery().V1().EndpointSlices().Lister()
+	nodes := factory.Core().V1().Nodes().Lister()
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
 	for _, synced := range factory.WaitForCacheSync(ctx.Done()) {
@@ -74,6 +77,10 @@ func (a *Agent) announceLoadBalancers(ctx context.Context, pool *gossip.Pool) {
 			for _, n := range m.Meta.Nodes {
 				alive[n] = true
 			}
+		}
+		excluded, _ := nodes.List(excludedFromLoadBalancers)
+		for _, n := range excluded {
+			delete(alive, n.Name)
 		}
 		svcs, _ := services.List(labels.Everything())
 		endpointSlices, _ := slicesLister.List(labels.Everything())
@@ -99,6 +106,17 @@ func (a *Agent) announceLoadBalancers(ctx context.Context, pool *gossip.Pool) {
 		}
 	}
 }
+
+// excludedFromLoadBalancers selects the nodes that never answer for a load balancer address: those with
+// Kubernetes' node.kubernetes.io/exclude-from-external-load-balancers label (any value), which cloud
+// controllers honour the same way. Their proxies still serve traffic that reaches them.
+var excludedFromLoadBalancers = func() labels.Selector {
+	req, err := labels.NewRequirement(corev1.LabelNodeExcludeBalancers, selection.Exists, nil)
+	if err != nil {
+		panic(err)
+	}
+	return labels.NewSelector().Add(*req)
+}()
 
 // announcement is a load balancer address and its Service.
 type announcement struct {
