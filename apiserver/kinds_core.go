@@ -350,6 +350,16 @@ func validateService(o runtime.Object) field.ErrorList {
 		}
 	}
 	errs = append(errs, validateLoadBalancerFields(svc)...)
+	// The REST layer allocates the port before validation runs (services.go), so a Service that needs one
+	// has one unless allocation failed.
+	if needsHealthCheckNodePort(svc) {
+		if svc.Spec.HealthCheckNodePort <= 0 {
+			errs = append(errs, field.Required(spec.Child("healthCheckNodePort"), "must be set when externalTrafficPolicy is 'Local'"))
+		}
+	} else if svc.Spec.HealthCheckNodePort != 0 {
+		errs = append(errs, field.Invalid(spec.Child("healthCheckNodePort"), svc.Spec.HealthCheckNodePort,
+			"may only be set when `type` is 'LoadBalancer' and `externalTrafficPolicy` is 'Local'"))
+	}
 	errs = append(errs, metav1validation.ValidateLabels(svc.Spec.Selector, spec.Child("selector"))...)
 	return errs
 }

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/netip"
+	"slices"
 	"strconv"
 
 	corev1 "k8s.io/api/core/v1"
@@ -101,6 +102,10 @@ type allocation struct {
 func (r *serviceREST) Create(ctx context.Context, obj runtime.Object, createValidation rest.ValidateObjectFunc, options *metav1.CreateOptions) (runtime.Object, error) {
 	svc := obj.(*corev1.Service)
 	if options != nil && len(options.DryRun) > 0 {
+		if needsHealthCheckNodePort(svc) && svc.Spec.HealthCheckNodePort == 0 {
+			// What a real create would get, not held: kube-apiserver's dry-run allocator does the same.
+			svc.Spec.HealthCheckNodePort = nodePortMin + rand.Int32N(nodePortMax-nodePortMin+1)
+		}
 		return r.resource.Create(ctx, obj, createValidation, options)
 	}
 	// The ClusterIP's IPAddress names its Service: a generated name is chosen before the allocation, as
@@ -146,7 +151,39 @@ func allocationOf(svc *corev1.Service) allocation {
 			a.ports = append(a.ports, p.NodePort)
 		}
 	}
+	if svc.Spec.HealthCheckNodePort != 0 {
+		a.ports = append(a.ports, svc.Spec.HealthCheckNodePort)
+	}
 	return a
+}
+
+// needsHealthCheckNodePort tells whether a Service gets a health check node port: a LoadBalancer Service
+// with externalTrafficPolicy Local, whose load balancer asks each node's proxy, on that port, whether the node
+// has a ready endpoint of it (nodeagent/proxy). It is taken from the NodePort range and held as NodePorts are.
+func needsHealthCheckNodePort(svc *corev1.Service) bool {
+	return svc.Spec.Type == corev1.ServiceTypeLoadBalancer && svc.Spec.ExternalTrafficPolicy == corev1.ServiceExternalTrafficPolicyLocal
+}
+
+// claimHealthCheckNodePort claims the port a Service asks for as spec.healthCheckNodePort, or allocates one.
+func (r *serviceREST) claimHealthCheckNodePort(ctx context.Context, svc *corev1.Service) (int32, error) {
+	port := svc.Spec.HealthCheckNodePort
+	if port == 0 {
+		return r.allocatePort(ctx, svc)
+	}
+	path := field.NewPath("spec", "healthCheckNodePort")
+	invalid := func(msg string) error {
+		return apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Service").GroupKind(), svc.Name, field.ErrorList{field.Invalid(path, port, msg)})
+	}
+	if port < nodePortMin || port > nodePortMax {
+		return 0, invalid(fmt.Sprintf("provided port is not in the valid range. The range of valid ports is %d-%d", nodePortMin, nodePortMax))
+	}
+	if err := r.claimPort(ctx, port, svc); err != nil {
+		if errors.Is(err, raftstore.ErrClaimed) {
+			return 0, invalid("provided port is already allocated")
+		}
+		return 0, err
+	}
+	return port, nil
 }
 
 func (r *serviceREST) allocate(ctx context.Context, svc *corev1.Service) (allocation, error) {
@@ -190,6 +227,15 @@ func (r *serviceREST) allocate(ctx context.Context, svc *corev1.Service) (alloca
 			}
 			a.ports = append(a.ports, p.NodePort)
 		}
+	}
+	if needsHealthCheckNodePort(svc) {
+		port, err := r.claimHealthCheckNodePort(ctx, svc)
+		if err != nil {
+			r.release(ctx, a)
+			return allocation{}, err
+		}
+		svc.Spec.HealthCheckNodePort = port
+		a.ports = append(a.ports, port)
 	}
 	return a, nil
 }
@@ -328,6 +374,9 @@ func prepareServiceUpdate(o, old runtime.Object) {
 		svc.Spec.IPFamilies = oldSvc.Spec.IPFamilies
 		svc.Spec.IPFamilyPolicy = oldSvc.Spec.IPFamilyPolicy
 	}
+	if svc.Spec.HealthCheckNodePort == 0 && needsHealthCheckNodePort(svc) && needsHealthCheckNodePort(oldSvc) {
+		svc.Spec.HealthCheckNodePort = oldSvc.Spec.HealthCheckNodePort
+	}
 	if !hasNodePorts(svc) {
 		// Leaving NodePort drops what only NodePorts have, as Kubernetes does, unless the update sets it anew
 		// (which validation then refuses).
@@ -357,6 +406,7 @@ func (r *serviceREST) Update(ctx context.Context, name string, objInfo rest.Upda
 		for _, p := range out.(*corev1.Service).Spec.Ports {
 			keep[p.NodePort] = true
 		}
+		keep[out.(*corev1.Service).Spec.HealthCheckNodePort] = true
 	}
 	free := allocation{holder: u.holder}
 	if ip := u.claimedIP; ip != "" && (err != nil || out.(*corev1.Service).Spec.ClusterIP != ip) {
@@ -373,9 +423,9 @@ func (r *serviceREST) Update(ctx context.Context, name string, objInfo rest.Upda
 		}
 	}
 	if err == nil && u.old != nil {
-		for _, p := range u.old.Spec.Ports {
-			if p.NodePort != 0 && !keep[p.NodePort] {
-				free.ports = append(free.ports, p.NodePort) // dropped by the update
+		for _, p := range allocationOf(u.old).ports {
+			if !keep[p] {
+				free.ports = append(free.ports, p) // dropped by the update
 			}
 		}
 	}
@@ -410,6 +460,9 @@ func (u *nodePortUpdate) UpdatedObject(ctx context.Context, oldObj runtime.Objec
 		}
 	}
 	if err := u.allocateClusterIP(ctx, svc, old); err != nil {
+		return nil, err
+	}
+	if err := u.healthCheckNodePort(ctx, svc, old); err != nil {
 		return nil, err
 	}
 	held := map[int32]bool{}
@@ -460,6 +513,36 @@ func (u *nodePortUpdate) UpdatedObject(ctx context.Context, oldObj runtime.Objec
 		}
 	}
 	return svc, nil
+}
+
+// healthCheckNodePort gives an updated Service the health check node port it needs (kept from the old
+// version, or claimed anew when it starts to need one), and drops the one it no longer needs, as
+// kube-apiserver does; the port cannot change while the Service keeps needing it.
+func (u *nodePortUpdate) healthCheckNodePort(ctx context.Context, svc, old *corev1.Service) error {
+	oldPort := old.Spec.HealthCheckNodePort
+	if !needsHealthCheckNodePort(svc) {
+		if svc.Spec.HealthCheckNodePort == oldPort {
+			svc.Spec.HealthCheckNodePort = 0 // released once the update is stored; a new value is validation's
+		}
+		return nil
+	}
+	if needsHealthCheckNodePort(old) && oldPort != 0 {
+		if svc.Spec.HealthCheckNodePort != oldPort {
+			return apierrors.NewInvalid(corev1.SchemeGroupVersion.WithKind("Service").GroupKind(), svc.Name, field.ErrorList{
+				field.Invalid(field.NewPath("spec", "healthCheckNodePort"), svc.Spec.HealthCheckNodePort, "field is immutable")})
+		}
+		return nil
+	}
+	if slices.Contains(u.claimed, svc.Spec.HealthCheckNodePort) && svc.Spec.HealthCheckNodePort != 0 {
+		return nil // this update's earlier attempt claimed it
+	}
+	port, err := u.r.claimHealthCheckNodePort(ctx, svc)
+	if err != nil {
+		return err
+	}
+	svc.Spec.HealthCheckNodePort = port
+	u.claimed = append(u.claimed, port)
+	return nil
 }
 
 // allocateClusterIP gives a cluster IP to a Service that stops being an ExternalName one, as on creation (the

@@ -205,3 +205,67 @@ func TestLoadBalancerServiceFields(t *testing.T) {
 		t.Fatalf("changing loadBalancerClass: %v, want 422 on spec.loadBalancerClass", err)
 	}
 }
+
+// TestHealthCheckNodePort: a LoadBalancer Service with externalTrafficPolicy Local gets a health check node
+// port from the NodePort range, held as NodePorts are (another Service cannot ask for it), kept across
+// updates and immutable while needed, released when the policy turns Cluster or the Service goes; a port given
+// on create is honoured, and one set on a Service that needs none is refused, as by kube-apiserver.
+func TestHealthCheckNodePort(t *testing.T) {
+	t.Parallel()
+	peer := servertest.Shared(t)
+	ns := servertest.Namespace(t, peer, "healthchecks")
+	ctx := context.Background()
+	services := peer.Client.CoreV1().Services(ns)
+	class := "example.com/elsewhere" // left to another controller: the shared server's pools stay free
+	local := func(name string, hc int32) (*corev1.Service, error) {
+		return services.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: corev1.ServiceSpec{
+			Type: corev1.ServiceTypeLoadBalancer, LoadBalancerClass: &class, ExternalTrafficPolicy: corev1.ServiceExternalTrafficPolicyLocal,
+			HealthCheckNodePort: hc, Ports: []corev1.ServicePort{{Port: 80}},
+		}}, metav1.CreateOptions{})
+	}
+	svc, err := local("auto", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := svc.Spec.HealthCheckNodePort
+	if hc < 30000 || hc > 32767 || hc == svc.Spec.Ports[0].NodePort {
+		t.Fatalf("healthCheckNodePort %d (nodePort %d); want its own port in 30000-32767", hc, svc.Spec.Ports[0].NodePort)
+	}
+	if _, err := local("taken", hc); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.healthCheckNodePort") ||
+		!strings.Contains(err.Error(), "already allocated") {
+		t.Errorf("a Service asking for a held health check port: %v; want 422 on spec.healthCheckNodePort", err)
+	}
+	if _, err := services.Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "cluster"}, Spec: corev1.ServiceSpec{
+		Type: corev1.ServiceTypeNodePort, HealthCheckNodePort: 31999, Ports: []corev1.ServicePort{{Port: 80}},
+	}}, metav1.CreateOptions{}); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.healthCheckNodePort") {
+		t.Errorf("a NodePort Service with a health check port: %v; want 422 on spec.healthCheckNodePort", err)
+	}
+	svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: "b", Port: 81, Protocol: corev1.ProtocolTCP})
+	svc.Spec.Ports[0].Name = "a"
+	if svc, err = services.Update(ctx, svc, metav1.UpdateOptions{}); err != nil || svc.Spec.HealthCheckNodePort != hc {
+		t.Fatalf("an update: %v, healthCheckNodePort %d; want %d kept", err, svc.Spec.HealthCheckNodePort, hc)
+	}
+	changed := svc.DeepCopy()
+	changed.Spec.HealthCheckNodePort = hc + 1
+	if _, err := services.Update(ctx, changed, metav1.UpdateOptions{}); !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "immutable") {
+		t.Errorf("changing the health check port: %v; want 422, immutable", err)
+	}
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyCluster
+	if svc, err = services.Update(ctx, svc, metav1.UpdateOptions{}); err != nil || svc.Spec.HealthCheckNodePort != 0 {
+		t.Fatalf("turning Cluster: %v, healthCheckNodePort %d; want none", err, svc.Spec.HealthCheckNodePort)
+	}
+	again, err := local("again", hc) // released: free to ask for
+	if err != nil {
+		t.Fatalf("asking for the released port: %v", err)
+	}
+	if err := services.Delete(ctx, again.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := local("after-delete", hc); err != nil {
+		t.Errorf("asking for the port of a deleted Service: %v", err)
+	}
+	svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	if svc, err = services.Update(ctx, svc, metav1.UpdateOptions{}); err != nil || svc.Spec.HealthCheckNodePort == 0 || svc.Spec.HealthCheckNodePort == hc {
+		t.Fatalf("turning Local again: %v, healthCheckNodePort %d; want a new one", err, svc.Spec.HealthCheckNodePort)
+	}
+}

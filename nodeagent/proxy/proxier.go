@@ -56,15 +56,17 @@ type Proxy struct {
 
 	// Bookkeeping of the last successful sync; dropped on failure, so the next sync starts from what
 	// iptables-save says.
-	existing    map[string][]string
-	fingerprint string            // Ruleset.Fingerprint of the last successful restore
-	portHash    map[string]string // Ruleset.PortHashes of the last successful restore
-	jumpsOK     bool
-	udp         map[udpFlow]bool
-	udpServed   map[udpDest]bool
-	reported    map[string]bool // problems already reported as events
-	noConntrack bool
-	restores    int // restores attempted: the sync loop paces only syncs that wrote
+	existing     map[string][]string
+	fingerprint  string            // Ruleset.Fingerprint of the last successful restore
+	portHash     map[string]string // Ruleset.PortHashes of the last successful restore
+	jumpsOK      bool
+	udp          map[udpFlow]bool
+	udpServed    map[udpDest]bool
+	reported     map[string]bool // problems already reported as events
+	lastProblems []Problem       // the rules' problems at the last restore
+	health       *healthChecks
+	noConntrack  bool
+	restores     int // restores attempted: the sync loop paces only syncs that wrote
 }
 
 // New checks iptables and what the kernel supports. It changes no rule.
@@ -84,7 +86,7 @@ func New(cfg Config) (*Proxy, error) {
 		return nil, fmt.Errorf("service proxy needs iptables: %w", err)
 	}
 	p := &Proxy{cfg: cfg, names: namesFor(cfg.ID), ipt: ipt, owner: OwnerComment(cfg.ID, cfg.DataDir),
-		kick: make(chan struct{}, 1), reported: map[string]bool{}}
+		kick: make(chan struct{}, 1), reported: map[string]bool{}, health: newHealthChecks(cfg.NodeName, cfg.Logger)}
 	if err := enableBridgeNetfilter(); err != nil {
 		// Only pods reaching a Service whose endpoint is on their own node are hit; say so and go on.
 		cfg.Logger.Warn("bridged traffic bypasses iptables: a pod's connection to a Service endpoint on its own node will fail", "error", err)
@@ -141,6 +143,7 @@ func (p *Proxy) Run(ctx context.Context) error {
 	if !cache.WaitForCacheSync(ctx.Done(), informers[0].HasSynced, informers[1].HasSynced, informers[2].HasSynced) {
 		return nil // stopped before the first sync: nothing was written
 	}
+	defer p.health.close()
 	p.loop(ctx)
 	cleanup, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -239,7 +242,11 @@ func (p *Proxy) Sync(ctx context.Context, full bool) error {
 		facts.Existing, facts.Previous = p.existing, p.portHash
 	}
 	rs := BuildRules(services, slices, facts)
+	healthProblems := p.health.sync(services, slices)
 	if !full && p.jumpsOK && rs.Fingerprint == p.fingerprint {
+		if len(healthProblems) > 0 {
+			p.report(append(append([]Problem(nil), p.lastProblems...), healthProblems...))
+		}
 		return nil
 	}
 	p.restores++
@@ -256,7 +263,8 @@ func (p *Proxy) Sync(ctx context.Context, full bool) error {
 		}
 		p.jumpsOK = true
 	}
-	p.report(rs.Problems)
+	p.lastProblems = rs.Problems
+	p.report(append(append([]Problem(nil), rs.Problems...), healthProblems...))
 	if !first { // a restarted agent keeps established flows: nothing is flushed on its first sync
 		p.flushConntrack(ctx, rs)
 	}
