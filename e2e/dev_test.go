@@ -187,6 +187,28 @@ func TestDevRunsAPod(t *testing.T) {
 		}
 		return nil
 	})
+
+	// `kubectl expose --type=LoadBalancer` works out of the box: the dev cluster's pool gives an address that
+	// answers on this machine.
+	k.ok("create", "deployment", "site", "--image=skiff.local/busybox:1", "--", "sh", "-c",
+		"mkdir -p /www && echo dev-site > /www/index.html && exec httpd -f -p 8080 -h /www")
+	k.ok("rollout", "status", "deployment/site", "--timeout=120s")
+	k.ok("expose", "deployment", "site", "--type=LoadBalancer", "--port=80", "--target-port=8080")
+	var ip string
+	proctest.WaitFor(t, "site's EXTERNAL-IP", 60*time.Second, func() error {
+		ip = k.ok("get", "svc", "site", "-o", "jsonpath={.status.loadBalancer.ingress[0].ip}")
+		if ip == "" {
+			return fmt.Errorf("pending")
+		}
+		return nil
+	})
+	proctest.WaitFor(t, "site at "+ip+" from this machine", 30*time.Second, func() error {
+		body, err := httpGet("http://" + ip + "/")
+		if err == nil && strings.TrimSpace(body) != "dev-site" {
+			err = fmt.Errorf("answered %q", body)
+		}
+		return err
+	})
 }
 
 // readTarGz reads every file of a tar.gz.

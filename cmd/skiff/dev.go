@@ -41,8 +41,10 @@ func runDev(args []string) int {
 	}
 	flags := &config.ServerFile{
 		Name: ptr("dev"), DataDir: &dir, BindAddr: ptr("127.0.0.1"), LogLevel: logLevel,
-		Ports:  &config.PortsBlock{API: apiPort, Raft: ptr(*apiPort + 1), Gossip: ptr(*apiPort + 2)},
-		Server: &config.ServerBlock{BootstrapExpect: ptr(1)},
+		Ports: &config.PortsBlock{API: apiPort, Raft: ptr(*apiPort + 1), Gossip: ptr(*apiPort + 2)},
+		Server: &config.ServerBlock{BootstrapExpect: ptr(1),
+			// LoadBalancer Services answer on this machine out of the box (devpool.go).
+			LoadBalancer: &config.LoadBalancerBlock{Pool: []string{devLoadBalancerPool(dir)}}},
 	}
 	cfg, err := config.LoadServer("", flags)
 	if err != nil {
