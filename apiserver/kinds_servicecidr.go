@@ -1,12 +1,9 @@
 package apiserver
 
 import (
-	"fmt"
 	"net"
 
-	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/validation/field"
 	genericapiserver "k8s.io/apiserver/pkg/server"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/kubernetes/pkg/apis/networking"
@@ -18,11 +15,12 @@ import (
 // networking.k8s.io/v1 IPAddresses, with kube's strategy (the name is an IP address in canonical form, the
 // parentRef names a resource and an object): Services hold their ClusterIPs as IPAddresses (services.go).
 //
-// networking.k8s.io/v1 ServiceCIDRs: the default ServiceCIDR "kubernetes", which holds the servers'
-// service_cidr and is created, kept Ready and re-created by kube-apiserver's own default ServiceCIDR
-// controller on every server, with kube's registry strategies and validation. ClusterIPs come from that
-// range only: a ServiceCIDR of any other name is refused, as Skiff's allocator would not hand out its
-// addresses (kube-apiserver's MultiCIDRServiceAllocator does).
+// networking.k8s.io/v1 ServiceCIDRs, with kube's registry strategies and validation: the default ServiceCIDR
+// "kubernetes", which holds the servers' service_cidr and is created, kept Ready and re-created by
+// kube-apiserver's own default ServiceCIDR controller on every server, and any others a user adds, which the
+// leader's servicecidrs controller (kube-controller-manager's) marks Ready and keeps from being deleted while
+// Services hold addresses only they cover. ClusterIPs come from all of them (services.go allocationRanges),
+// as with kube-apiserver's MultiCIDRServiceAllocator.
 
 var ipAddressStrategies = &kubeStrategies{
 	internal: func() runtime.Object { return &networking.IPAddress{} },
@@ -33,14 +31,6 @@ var serviceCIDRStrategies = &kubeStrategies{
 	internal:     func() runtime.Object { return &networking.ServiceCIDR{} },
 	main:         servicecidrregistry.Strategy,
 	subresources: map[string]kubeStrategy{"status": servicecidrregistry.StatusStrategy},
-	unsupported: func(obj runtime.Object) field.ErrorList {
-		if name := obj.(*networkingv1.ServiceCIDR).Name; name != defaultservicecidr.DefaultServiceCIDRName {
-			return field.ErrorList{field.Forbidden(field.NewPath("metadata", "name"), fmt.Sprintf(
-				"ClusterIPs are allocated from the servers' service_cidr only (the ServiceCIDR %q); additional ServiceCIDRs are not supported",
-				defaultservicecidr.DefaultServiceCIDRName))}
-		}
-		return nil
-	},
 }
 
 // defaultServiceCIDRHook runs kube-apiserver's default ServiceCIDR controller for serviceCIDR on this server

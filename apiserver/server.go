@@ -343,7 +343,7 @@ func installAPIs(s *genericapiserver.GenericAPIServer, getter *restOptionsGetter
 	}
 	// Services allocate their ClusterIPs as IPAddress objects.
 	groups[""].VersionedResourcesStorageMap["v1"]["services"] = &serviceREST{
-		resource: stores["services"], ips: stores["ipaddresses"].Store, cidr: serviceCIDR,
+		resource: stores["services"], ips: stores["ipaddresses"].Store, cidrs: stores["servicecidrs"].Store, cidr: serviceCIDR,
 		nodePorts: raftstore.NewClaims(getter.backend, nodePortPrefix), lbPools: lbPools,
 	}
 	// Nodes get their pod CIDRs at creation.

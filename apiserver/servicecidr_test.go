@@ -3,6 +3,7 @@ package apiserver_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -14,11 +15,14 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	"github.com/skiff-dev/skiff/apiserver"
+	"github.com/skiff-dev/skiff/config"
 	"github.com/skiff-dev/skiff/internal/proctest"
+	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
 // TestServiceCIDRs: the default ServiceCIDR "kubernetes" holds the servers' service range and is Ready, is
-// created again when deleted, and a ServiceCIDR of another name is refused, naming the field.
+// created again when deleted; another ServiceCIDR's addresses are given to Services once it is Ready, and a
+// malformed one is refused.
 func TestServiceCIDRs(t *testing.T) {
 	t.Parallel()
 	cs := kubernetes.NewForConfigOrDie(apiserver.StartTestAPI(t, apiserver.TestAPIOptions{}))
@@ -47,13 +51,31 @@ func TestServiceCIDRs(t *testing.T) {
 		t.Errorf("servicecidrs table: %s, %d rows", cols, rows)
 	}
 
-	_, err := cidrs.Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "more"},
+	// Another ServiceCIDR is stored; its addresses are handed out once it is Ready (the servicecidrs
+	// controller's part, which this API server alone does not run: the test marks it).
+	more, err := cidrs.Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "more"},
 		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"203.0.113.0/24"}}}, metav1.CreateOptions{})
-	if !apierrors.IsInvalid(err) {
-		t.Fatalf("a second ServiceCIDR: %v; want 422", err)
+	if err != nil {
+		t.Fatal(err)
 	}
-	if causes := err.(apierrors.APIStatus).Status().Details.Causes; len(causes) != 1 || causes[0].Field != "metadata.name" {
-		t.Errorf("causes %+v; want metadata.name", causes)
+	asking := func(name, ip string) error {
+		_, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: name},
+			Spec: corev1.ServiceSpec{ClusterIP: ip, Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{})
+		return err
+	}
+	if err := asking("early", "203.0.113.5"); !apierrors.IsInvalid(err) {
+		t.Errorf("an address of a ServiceCIDR not Ready yet: %v; want 422", err)
+	}
+	more.Status.Conditions = []metav1.Condition{{Type: networkingv1.ServiceCIDRConditionReady, Status: metav1.ConditionTrue,
+		Reason: "Test", LastTransitionTime: metav1.Now()}}
+	if _, err := cidrs.UpdateStatus(ctx, more, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := asking("ready", "203.0.113.5"); err != nil {
+		t.Errorf("an address of a Ready ServiceCIDR: %v", err)
+	}
+	if err := asking("outside", "198.51.100.5"); !apierrors.IsInvalid(err) {
+		t.Errorf("an address in no ServiceCIDR: %v; want 422", err)
 	}
 	_, err = cidrs.Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "bad"},
 		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"not-a-cidr"}}}, metav1.CreateOptions{})
@@ -104,4 +126,70 @@ func TestServiceWithGeneratedName(t *testing.T) {
 	if ref := ip.Spec.ParentRef; ref == nil || ref.Name != svc.Name || ref.Resource != "services" {
 		t.Errorf("the IPAddress's parent %+v; want the Service %s", ref, svc.Name)
 	}
+}
+
+// TestServiceCIDRsExtendTheRange: on a server whose service_cidr is a /28, a ServiceCIDR added by a user is
+// marked Ready by the servicecidrs controller and Services get its addresses once the first range is full;
+// deleting it waits (its finalizer) while Services hold addresses only it covers, and it goes once they do.
+func TestServiceCIDRsExtendTheRange(t *testing.T) {
+	t.Parallel()
+	small := "10.97.0.0/28"
+	peers := servertest.StartWith(t, 1, func(f *config.ServerFile) { f.Server.ServiceCIDR = &small })
+	cs := peers[0].Client
+	ctx := context.Background()
+	cidrs := cs.NetworkingV1().ServiceCIDRs()
+	if _, err := cidrs.Create(ctx, &networkingv1.ServiceCIDR{ObjectMeta: metav1.ObjectMeta{Name: "extra"},
+		Spec: networkingv1.ServiceCIDRSpec{CIDRs: []string{"10.98.0.0/28"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	proctest.WaitFor(t, "the servicecidrs controller to mark extra Ready", 30*time.Second, func() error {
+		c, err := cidrs.Get(ctx, "extra", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !apimeta.IsStatusConditionTrue(c.Status.Conditions, networkingv1.ServiceCIDRConditionReady) {
+			return fmt.Errorf("conditions %+v", c.Status.Conditions)
+		}
+		return nil
+	})
+	_, first, _ := net.ParseCIDR(small)
+	_, second, _ := net.ParseCIDR("10.98.0.0/28")
+	var inSecond []string
+	for i := range 16 { // the /28 has 13 addresses for Services, some held already (kubernetes, kube-dns)
+		svc, err := cs.CoreV1().Services("default").Create(ctx, &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("s%02d", i)},
+			Spec: corev1.ServiceSpec{Ports: []corev1.ServicePort{{Port: 80}}}}, metav1.CreateOptions{})
+		if err != nil {
+			t.Fatalf("Service %d: %v", i, err)
+		}
+		ip := net.ParseIP(svc.Spec.ClusterIP)
+		switch {
+		case second.Contains(ip):
+			inSecond = append(inSecond, svc.Name)
+		case !first.Contains(ip):
+			t.Fatalf("Service %d got %s, in neither range", i, ip)
+		case len(inSecond) > 0:
+			t.Errorf("Service %d got %s of the first range after others got the second's", i, ip)
+		}
+	}
+	if len(inSecond) == 0 {
+		t.Fatal("no Service got an address of the added range")
+	}
+	if err := cidrs.Delete(ctx, "extra", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if c, err := cidrs.Get(ctx, "extra", metav1.GetOptions{}); err != nil || c.DeletionTimestamp == nil {
+		t.Fatalf("a ServiceCIDR whose addresses Services hold: %v %v; want it kept, being deleted", c, err)
+	}
+	for _, name := range inSecond {
+		if err := cs.CoreV1().Services("default").Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proctest.WaitFor(t, "extra to go once its addresses are free", 60*time.Second, func() error {
+		if _, err := cidrs.Get(ctx, "extra", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there: %v", err)
+		}
+		return nil
+	})
 }

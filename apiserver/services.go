@@ -10,10 +10,13 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metainternalversion "k8s.io/apimachinery/pkg/apis/meta/internalversion"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -47,8 +50,9 @@ const DefaultServiceCIDR = "10.96.0.0/16"
 type serviceREST struct {
 	*resource
 	ips       *genericregistry.Store
-	cidr      *net.IPNet
-	nodePorts *raftstore.Claims // by port number, holder "namespace/name"
+	cidrs     *genericregistry.Store // ServiceCIDRs: more ranges beside cidr (allocationRanges)
+	cidr      *net.IPNet             // the servers' service_cidr, the default ServiceCIDR's
+	nodePorts *raftstore.Claims      // by port number, holder "namespace/name"
 	lbPools   lbpool.Pools
 }
 
@@ -250,8 +254,17 @@ func (r *serviceREST) allocateIPFor(ctx context.Context, svc *corev1.Service) (s
 			field.ErrorList{field.Invalid(field.NewPath("spec", "clusterIPs").Index(0), svc.Spec.ClusterIP, msg)})
 	}
 	ip := net.ParseIP(svc.Spec.ClusterIP)
-	if ip == nil || !r.cidr.Contains(ip) {
-		return "", invalid(fmt.Sprintf("failed to allocate IP %s: the provided IP (%s) is not in the valid range. The range of valid IPs is %s", svc.Spec.ClusterIP, svc.Spec.ClusterIP, r.cidr))
+	ranges, err := r.allocationRanges(ctx)
+	if err != nil {
+		return "", err
+	}
+	if ip == nil || !slices.ContainsFunc(ranges, func(n *net.IPNet) bool { return n.Contains(ip) }) {
+		var valid []string
+		for _, n := range ranges {
+			valid = append(valid, n.String())
+		}
+		return "", invalid(fmt.Sprintf("failed to allocate IP %s: the provided IP (%s) is not in the valid range. The range of valid IPs is %s",
+			svc.Spec.ClusterIP, svc.Spec.ClusterIP, strings.Join(valid, ",")))
 	}
 	if err := r.claimIP(ctx, ip.String(), svc); err != nil {
 		if apierrors.IsAlreadyExists(err) {
@@ -269,20 +282,71 @@ func setClusterIP(svc *corev1.Service, ip string) {
 	svc.Spec.IPFamilyPolicy, svc.Spec.IPFamilies = &single, []corev1.IPFamily{corev1.IPv4Protocol}
 }
 
-// allocateIP claims a free address, trying from a random offset so that concurrent creates rarely collide.
-// The network address, the broadcast address and the first host address (the kubernetes Service's, by
-// convention) are never handed out.
-func (r *serviceREST) allocateIP(ctx context.Context, svc *corev1.Service) (string, error) {
-	base := binary.BigEndian.Uint32(r.cidr.IP.To4())
-	ones, bits := r.cidr.Mask.Size()
-	size := uint32(1) << uint(bits-ones)
-	if size < 4 {
-		return "", apierrors.NewInternalError(fmt.Errorf("service CIDR %s is too small", r.cidr))
+// allocationRanges are the ranges ClusterIPs come from, as kube-apiserver's MultiCIDRServiceAllocator takes
+// them: the servers' service_cidr (the default ServiceCIDR "kubernetes") first, then the IPv4 range of every
+// other ServiceCIDR that is Ready (the servicecidrs controller says so) and not being deleted, by name. A
+// Service gets an address of a later range only when the earlier ones are full.
+func (r *serviceREST) allocationRanges(ctx context.Context) ([]*net.IPNet, error) {
+	ranges := []*net.IPNet{r.cidr}
+	if r.cidrs == nil {
+		return ranges, nil
 	}
-	usable := size - 3 // skip .0, .1 and broadcast
+	obj, err := r.cidrs.List(genericapirequest.WithNamespace(ctx, ""), &metainternalversion.ListOptions{})
+	if err != nil {
+		return nil, err
+	}
+	list := obj.(*networkingv1.ServiceCIDRList).Items
+	slices.SortFunc(list, func(a, b networkingv1.ServiceCIDR) int { return strings.Compare(a.Name, b.Name) })
+	for _, c := range list {
+		if c.DeletionTimestamp != nil || !meta.IsStatusConditionTrue(c.Status.Conditions, networkingv1.ServiceCIDRConditionReady) {
+			continue
+		}
+		for _, s := range c.Spec.CIDRs {
+			_, n, err := net.ParseCIDR(s)
+			if err != nil || n.IP.To4() == nil || slices.ContainsFunc(ranges, func(o *net.IPNet) bool { return o.String() == n.String() }) {
+				continue
+			}
+			ranges = append(ranges, n)
+		}
+	}
+	return ranges, nil
+}
+
+// allocateIP claims a free address of the first range that has one, trying each from a random offset so that
+// concurrent creates rarely collide. The network address, the broadcast address and, in the servers' own
+// range, the first host address (the kubernetes Service's, by convention) are never handed out.
+func (r *serviceREST) allocateIP(ctx context.Context, svc *corev1.Service) (string, error) {
+	ranges, err := r.allocationRanges(ctx)
+	if err != nil {
+		return "", err
+	}
+	var names []string
+	for _, n := range ranges {
+		names = append(names, n.String())
+		ip, err := r.allocateIPIn(ctx, svc, n, n == r.cidr)
+		if err != nil || ip != "" {
+			return ip, err
+		}
+	}
+	return "", apierrors.NewInternalError(fmt.Errorf("no ClusterIP is free in %s", strings.Join(names, ", ")))
+}
+
+// allocateIPIn claims a free address of one range; "" when it has none.
+func (r *serviceREST) allocateIPIn(ctx context.Context, svc *corev1.Service, cidr *net.IPNet, skipFirst bool) (string, error) {
+	base := binary.BigEndian.Uint32(cidr.IP.To4())
+	ones, bits := cidr.Mask.Size()
+	size := uint32(1) << uint(bits-ones)
+	first := uint32(1)
+	if skipFirst {
+		first = 2
+	}
+	if size < first+2 {
+		return "", nil // no usable address
+	}
+	usable := size - first - 1 // skip the reserved low addresses and the broadcast address
 	start := rand.Uint32N(usable)
 	for i := uint32(0); i < usable; i++ {
-		offset := 2 + (start+i)%usable
+		offset := first + (start+i)%usable
 		ip := make(net.IP, 4)
 		binary.BigEndian.PutUint32(ip, base+offset)
 		err := r.claimIP(ctx, ip.String(), svc)
@@ -293,7 +357,7 @@ func (r *serviceREST) allocateIP(ctx context.Context, svc *corev1.Service) (stri
 			return "", err
 		}
 	}
-	return "", apierrors.NewInternalError(fmt.Errorf("no ClusterIP is free in %s", r.cidr))
+	return "", nil
 }
 
 func (r *serviceREST) claimIP(ctx context.Context, ip string, svc *corev1.Service) error {

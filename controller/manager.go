@@ -176,6 +176,7 @@ var controllers = []controllerEntry{
 	{"resourcequota", "resourcequota-controller", buildResourceQuotaController},
 	{"storage-version-migrator", "storage-version-migrator-controller", buildStorageVersionMigrator},
 	{"service-lb", "service-controller", buildLoadBalancerController},
+	{"servicecidrs", "service-cidrs-controller", buildServiceCIDRController},
 }
 
 // podsByNode names the pod informer's index by spec.nodeName.
