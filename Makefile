@@ -53,6 +53,7 @@ bench: setup build
 	$(GO) test -count=1 -run '^$$' -bench 'BuildRules|Sync|RestoreOnly' -benchtime 3x -timeout 30m ./nodeagent/proxy/
 	$(GO) test -count=1 -run '^$$' -bench 'Build|PolicySync' -benchtime 100x -timeout 30m ./nodeagent/netpol/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NetworkProgramming|ClusterDNS' -benchtime 1x -timeout 30m ./bench/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'PolicyProgramming' -benchtime 50x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench '^Benchmark(Exec|LogsFollow|PortForward)$$' -benchtime 1x -timeout 30m ./bench/
 
 # `make chaos`: every fault, at least 100 leader kills, 50 partitions, 20 pauses, 20 interrupted transfers,

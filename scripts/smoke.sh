@@ -28,6 +28,7 @@ gossip           GossipConvergence                          1x    -gossip.member
 nodeagent/proxy  BuildRules|Sync|RestoreOnly                1x    -proxy.services=100
 nodeagent/netpol Build|PolicySync                          5x    -netpol.policies=100 -netpol.pods=500
 bench            NetworkProgramming|ClusterDNS              1x    -netprog.pods=6 -dns.queries=2000
+bench            PolicyProgramming                          2x    -netpol.policies=20 -netpol.pods=100
 bench            ^Benchmark(Exec|LogsFollow|PortForward)$   1x    -exec.runs=5 -logs.seconds=2 -pf.mib=16 -pf.runs=1
 bench            PodStartup                                 1x    -startup.pods=5
 ROWS

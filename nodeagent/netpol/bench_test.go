@@ -15,72 +15,20 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/skiff-dev/skiff/internal/netpolbench"
 )
 
 var (
 	benchPolicies = flag.Int("netpol.policies", 1000, "NetworkPolicies in the benchmarks")
-	benchPods     = flag.Int("netpol.pods", 5000, "pods in the benchmarks, over 50 nodes and 50 namespaces")
+	benchPods     = flag.Int("netpol.pods", 5000, "pods in the benchmarks, over 50 nodes and 50 namespaces (internal/netpolbench)")
 )
 
-// benchObjects is -netpol.pods pods (5,000 by default) in 50 namespaces on 50 nodes, so that node-0 has a
-// fiftieth of them, each labelled with one of 10 apps and 2 tiers, and -netpol.policies policies spread over
-// the namespaces in four shapes: ingress from pods of the namespace on a named port, ingress from labelled
-// namespaces on a port range, egress to an ipBlock with an except plus DNS, and default deny. Every pod is
-// selected by a few policies.
+// benchObjects is internal/netpolbench's cluster at -netpol.policies and -netpol.pods.
 func benchObjects() ([]*networkingv1.NetworkPolicy, []*corev1.Pod, []*corev1.Namespace) {
-	const namespaces, nodes, apps = 50, 50, 10
-	var nss []*corev1.Namespace
-	for i := range namespaces {
-		nss = append(nss, namespace(fmt.Sprintf("ns-%02d", i), map[string]string{"team": fmt.Sprintf("team-%d", i%5)}))
-	}
-	var pods []*corev1.Pod
-	for i := range *benchPods {
-		ns := fmt.Sprintf("ns-%02d", i%namespaces)
-		ip := fmt.Sprintf("10.%d.%d.%d", 100+i%nodes, i/nodes/250, i/nodes%250+2)
-		pods = append(pods, &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("pod-%05d", i), UID: types.UID(fmt.Sprintf("uid-%05d", i)),
-				Labels: map[string]string{"app": fmt.Sprintf("app-%d", i/namespaces%apps), "tier": fmt.Sprintf("tier-%d", i%2)}},
-			Spec: corev1.PodSpec{NodeName: fmt.Sprintf("node-%d", i/7%nodes), Containers: []corev1.Container{{Name: "c",
-				Ports: []corev1.ContainerPort{{Name: "http", ContainerPort: 8080}, {Name: "metrics", ContainerPort: 9090}}}}},
-			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip, PodIPs: []corev1.PodIP{{IP: ip}}},
-		})
-	}
-	var policies []*networkingv1.NetworkPolicy
-	udp := corev1.ProtocolUDP
-	for i := range *benchPolicies {
-		ns := fmt.Sprintf("ns-%02d", i%namespaces)
-		app := map[string]string{"app": fmt.Sprintf("app-%d", i/namespaces%apps)}
-		p := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("policy-%04d", i)},
-			Spec: networkingv1.NetworkPolicySpec{PodSelector: metav1.LabelSelector{MatchLabels: app}}}
-		switch i % 4 {
-		case 0:
-			p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-				From:  []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "tier-0"}}}},
-				Ports: []networkingv1.NetworkPolicyPort{tcp(intstr.FromString("http"))},
-			}}
-		case 1:
-			p.Spec.Ingress = []networkingv1.NetworkPolicyIngressRule{{
-				From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": fmt.Sprintf("team-%d", i%5)}},
-					PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"tier": "tier-1"}}}},
-				Ports: []networkingv1.NetworkPolicyPort{tcp(intstr.FromInt32(8000), 8999)},
-			}}
-		case 2:
-			p.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeEgress}
-			p.Spec.Egress = []networkingv1.NetworkPolicyEgressRule{
-				{To: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8", Except: []string{fmt.Sprintf("10.%d.0.0/16", 100+i%nodes)}}}}},
-				{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &udp, Port: ptr(intstr.FromInt32(53))}}},
-			}
-		case 3:
-			p.Spec.PodSelector = metav1.LabelSelector{}
-			p.Spec.PolicyTypes = []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
-		}
-		policies = append(policies, p)
-	}
-	return policies, pods, nss
+	return netpolbench.Objects(*benchPolicies, *benchPods)
 }
 
 func ptr[T any](v T) *T { return &v }
