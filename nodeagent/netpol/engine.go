@@ -253,43 +253,48 @@ func (e *Engine) loop(ctx context.Context) {
 
 // Wired tells the engine a local pod's address before its status carries it, and, when a policy isolates the
 // pod, waits (up to timeout) until its chain is in force: the agent calls it after wiring the pod's network
-// and before starting its containers, so that an isolated pod never serves or connects unjudged.
+// and before starting its containers, so that an isolated pod never serves or connects unjudged. Until the
+// engine's first sync (a restarted agent listing the cluster) it waits for that sync, since only then does it
+// know the policies.
 func (e *Engine) Wired(ctx context.Context, pod *corev1.Pod, ip string, timeout time.Duration) error {
 	e.mu.Lock()
 	e.hints[pod.UID] = hint{key: pod.Namespace + "/" + pod.Name, ip: ip}
 	target := e.started + 1
 	e.mu.Unlock()
-	if e.policies != nil {
-		objs, _ := e.policies.ByIndex(cache.NamespaceIndex, pod.Namespace)
-		var policies []*networkingv1.NetworkPolicy
-		for _, o := range objs {
-			policies = append(policies, o.(*networkingv1.NetworkPolicy))
-		}
-		if len(policies) == 0 || !SelectsPod(policies, pod) {
-			e.requestSync() // it may be another pod's peer
-			return nil
-		}
-	}
 	e.requestSync()
 	deadline := time.After(timeout)
-	for {
-		e.mu.Lock()
-		done, ch, failed := e.done, e.doneCh, e.lastFail
-		e.mu.Unlock()
-		if done >= target {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-deadline:
-			if failed != nil {
-				return fmt.Errorf("network policy rules for the pod not in force after %s: %w", timeout, failed)
+	wait := func(until uint64) error {
+		for {
+			e.mu.Lock()
+			done, ch, failed := e.done, e.doneCh, e.lastFail
+			e.mu.Unlock()
+			if done >= until {
+				return nil
 			}
-			return fmt.Errorf("network policy rules for the pod not in force after %s", timeout)
-		case <-ch:
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-deadline:
+				if failed != nil {
+					return fmt.Errorf("network policy rules for the pod not in force after %s: %w", timeout, failed)
+				}
+				return fmt.Errorf("network policy rules for the pod not in force after %s", timeout)
+			case <-ch:
+			}
 		}
 	}
+	if err := wait(1); err != nil { // the informers are set and synced once a sync has succeeded
+		return err
+	}
+	objs, _ := e.policies.ByIndex(cache.NamespaceIndex, pod.Namespace)
+	var policies []*networkingv1.NetworkPolicy
+	for _, o := range objs {
+		policies = append(policies, o.(*networkingv1.NetworkPolicy))
+	}
+	if !SelectsPod(policies, pod) {
+		return nil // not isolated: the sync asked for above adds it to other pods' peers
+	}
+	return wait(target)
 }
 
 // Forget drops a pod's address hint (its sandbox is gone).
