@@ -6,10 +6,11 @@
 // The images are not the upstream ones, byte for byte; they hold what the suite uses of them:
 //   - agnhost (both versions the suite names), kitten and nautilus: the agnhost binary built from the
 //     k8s.io/kubernetes module at /agnhost (with the agnhost-2 link), over a base of busybox applets plus the
-//     host's dig, nslookup, host, curl and OpenBSD nc with their shared libraries; kitten and nautilus add
+//     host's dig, nslookup, host, curl, OpenBSD nc and glibc's getent with their shared libraries (and an
+//     nsswitch.conf that reads /etc/hosts first, as musl does); kitten and nautilus add
 //     their web pages and run `agnhost test-webserver`.
 //   - busybox: the host's busybox-static with a link for each applet, and bash as sh (see base).
-//   - glibc-dns-testing: the base with dig, nslookup and host, for the DNS tests' queriers.
+//   - glibc-dns-testing: the base with dig, nslookup, host and getent, for the DNS tests' queriers.
 //   - nginx (both versions): the host's nginx (Debian's nginx-light) serving its default page on port 80.
 //   - nonroot: the base, run as user 1234.
 //   - nonewprivs: the base with k8s.io/kubernetes' test/images/nonewprivs program at /usr/local/bin/nnp,
@@ -63,7 +64,9 @@ func main() {
 		{[]imageutils.ImageID{imageutils.Kitten}, func() images.Spec { return b.webPages(*agnhost, *testImages, "kitten") }},
 		{[]imageutils.ImageID{imageutils.Nautilus}, func() images.Spec { return b.webPages(*agnhost, *testImages, "nautilus") }},
 		{[]imageutils.ImageID{imageutils.BusyBox}, func() images.Spec { return b.base() }},
-		{[]imageutils.ImageID{imageutils.GlibcDnsTesting}, func() images.Spec { return b.base("/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host") }},
+		{[]imageutils.ImageID{imageutils.GlibcDnsTesting}, func() images.Spec {
+			return b.base("/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host", "/usr/bin/getent")
+		}},
 		{[]imageutils.ImageID{imageutils.Nginx, imageutils.NginxNew}, b.nginx},
 		{[]imageutils.ImageID{imageutils.NonRoot}, func() images.Spec { s := b.base(); s.User = "1234"; return s }},
 		{[]imageutils.ImageID{imageutils.Nonewprivs}, func() images.Spec {
@@ -153,6 +156,10 @@ func (b *builder) base(binaries ...string) images.Spec {
 		}
 		files = append(files, f)
 	}
+	// glibc's getent (the DNS tests resolve pods' /etc/hosts names with it, as upstream's images do with
+	// musl's) reads /etc/hosts before DNS only when nsswitch.conf says so; without the file it asks DNS first
+	// and stops at its "not found".
+	files = append(files, images.File{Path: "/etc/nsswitch.conf", Mode: 0o644, Data: []byte("passwd: files\ngroup: files\nhosts: files dns\n")})
 	spec.Files = dedupe(files)
 	return spec
 }
@@ -164,7 +171,7 @@ func (b *builder) agnhost(binary, testImages string, extra []images.File, cmd []
 	extra = append(extra,
 		images.File{Path: "/localhost.crt", Mode: 0o644, Data: b.read(filepath.Join(porter, "localhost.crt"))},
 		images.File{Path: "/localhost.key", Mode: 0o644, Data: b.read(filepath.Join(porter, "localhost.key"))})
-	spec := b.base("/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host", "/usr/bin/curl", "/usr/bin/nc")
+	spec := b.base("/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host", "/usr/bin/curl", "/usr/bin/nc", "/usr/bin/getent")
 	spec.Files = dedupe(append(spec.Files, append([]images.File{
 		{Path: "/agnhost", Mode: 0o755, Data: b.read(binary)},
 		{Path: "/agnhost-2", Link: "agnhost"},
