@@ -4,10 +4,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"math/rand/v2"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -21,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/skiff-dev/skiff/internal/netnstest"
 	"github.com/skiff-dev/skiff/internal/netpolbench"
 	"github.com/skiff-dev/skiff/nodeagent/netpol"
 )
@@ -38,14 +36,7 @@ var (
 // isolates node-0's pods, through another server, and polls the node's rules (iptables-save, every 5 ms) until
 // the port is there. p50 and p99 of that latency, and the engine's first sync at this size.
 func BenchmarkPolicyProgramming(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("needs root for a network namespace, iptables and ipset")
-	}
-	for _, tool := range []string{"ip", "iptables-save", "iptables-restore", "ipset"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			b.Skipf("%s not installed", tool)
-		}
-	}
+	ns := netnstest.New(b, "skiffnpb", "iptables-save", "iptables-restore", "ipset")
 	c, clients := apiCluster(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -61,19 +52,7 @@ func BenchmarkPolicyProgramming(b *testing.B) {
 	policies, pods, namespaces := netpolbench.Objects(*netpolPolicies, *netpolPods)
 	loadPolicyCluster(b, ctx, writer, policies, pods, namespaces)
 
-	name := fmt.Sprintf("skiffnpb-%08x", rand.Uint32())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		b.Fatalf("%v: %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", name).Run()
-	dir := b.TempDir()
-	wrap := func(tool string) string {
-		path := filepath.Join(dir, tool)
-		if err := os.WriteFile(path, []byte(fmt.Sprintf("#!/bin/sh\nexec ip netns exec %s %s \"$@\"\n", name, tool)), 0o755); err != nil {
-			b.Fatal(err)
-		}
-		return path
-	}
+	wrap := func(tool string) string { return ns.Wrap(b, tool) }
 	save := wrap("iptables-save")
 	engine, err := netpol.New(netpol.Config{ID: "0000beef", Owner: "skiff:0000beef:", Client: watcher,
 		Local: func(n string) bool { return n == netpolbench.Node(0) }, Logger: hclog.NewNullLogger(),
@@ -125,7 +104,7 @@ func BenchmarkPolicyProgramming(b *testing.B) {
 	b.ReportMetric(at(0.5), "p50-ms")
 	b.ReportMetric(at(0.99), "p99-ms")
 	b.ReportMetric(float64(first.Milliseconds()), "first-sync-ms")
-	// The namespace's deletion (deferred) takes the engine's rules and sets with it.
+	// The namespace's deletion (at cleanup) takes the engine's rules and sets with it.
 }
 
 // loadPolicyCluster creates the namespaces, the pods (with their addresses written into their status, as

@@ -3,11 +3,6 @@ package netpol
 import (
 	"context"
 	"flag"
-	"fmt"
-	"math/rand/v2"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"syscall"
 	"testing"
@@ -18,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/skiff-dev/skiff/internal/netnstest"
 	"github.com/skiff-dev/skiff/internal/netpolbench"
 )
 
@@ -63,29 +59,10 @@ func BenchmarkBuild(b *testing.B) {
 // chains, destroy the old sets. It reports the p50 and p99 of that programming latency and the CPU it took,
 // the iptables and ipset processes included. The first, full sync is reported apart.
 func BenchmarkPolicySync(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Skip("needs root for network namespaces, iptables and ipset")
-	}
-	for _, tool := range []string{"ip", "iptables", "iptables-restore", "ipset"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			b.Skipf("%s not installed", tool)
-		}
-	}
-	name := fmt.Sprintf("skiffnp-%08x", rand.Uint32())
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		b.Fatalf("%v: %s", err, out)
-	}
-	defer exec.Command("ip", "netns", "del", name).Run()
-	dir := b.TempDir()
-	wrap := func(tool string) string {
-		path := filepath.Join(dir, tool)
-		if err := os.WriteFile(path, []byte(fmt.Sprintf("#!/bin/sh\nexec ip netns exec %s %s \"$@\"\n", name, tool)), 0o755); err != nil {
-			b.Fatal(err)
-		}
-		return path
-	}
+	ns := netnstest.New(b, "skiffnp", "iptables", "iptables-restore", "ipset")
 	e, err := New(Config{ID: "0000abcd", Owner: "skiff:0000abcd:", Local: func(n string) bool { return n == "node-0" },
-		Commands: Commands{IPTables: wrap("iptables"), IPTablesSave: wrap("iptables-save"), IPTablesRestore: wrap("iptables-restore"), IPSet: wrap("ipset")}})
+		Commands: Commands{IPTables: ns.Wrap(b, "iptables"), IPTablesSave: ns.Wrap(b, "iptables-save"),
+			IPTablesRestore: ns.Wrap(b, "iptables-restore"), IPSet: ns.Wrap(b, "ipset")}})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -7,9 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -24,12 +22,15 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/skiff-dev/skiff/internal/netnstest"
 )
 
 // node is a throwaway "node" network namespace that routes between "pod" namespaces, each on a veth pair
 // with its own /24, and an Engine whose iptables and ipset run inside the node namespace.
 type node struct {
 	name   string
+	ns     *netnstest.Netns
 	engine *Engine
 	pods   map[string]*testPod
 }
@@ -41,31 +42,12 @@ type testPod struct {
 
 func newNode(t *testing.T) *node {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root for network namespaces, iptables and ipset")
-	}
-	for _, tool := range []string{"ip", "iptables", "iptables-save", "iptables-restore", "ipset"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s not installed (make setup installs it)", tool)
-		}
-	}
-	n := &node{name: fmt.Sprintf("skiffnp-%08x", rand.Uint32()), pods: map[string]*testPod{}}
-	run(t, "ip", "netns", "add", n.name)
-	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", n.name).Run() })
-	n.exec(t, "ip", "link", "set", "lo", "up")
-	n.exec(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
-	dir := t.TempDir()
-	wrap := func(tool string) string {
-		path := filepath.Join(dir, tool)
-		script := fmt.Sprintf("#!/bin/sh\nexec ip netns exec %s %s \"$@\"\n", n.name, tool)
-		if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
-			t.Fatal(err)
-		}
-		return path
-	}
+	ns := netnstest.New(t, "skiffnp", "iptables", "iptables-save", "iptables-restore", "ipset")
+	n := &node{name: ns.Name, ns: ns, pods: map[string]*testPod{}}
+	ns.Exec(t, "sysctl", "-qw", "net.ipv4.ip_forward=1")
 	e, err := New(Config{ID: "0000abcd", Owner: "skiff:0000abcd:/nonexistent", Local: func(node string) bool { return node == "n1" },
-		Commands: Commands{IPTables: wrap("iptables"), IPTablesSave: wrap("iptables-save"),
-			IPTablesRestore: wrap("iptables-restore"), IPSet: wrap("ipset")}})
+		Commands: Commands{IPTables: ns.Wrap(t, "iptables"), IPTablesSave: ns.Wrap(t, "iptables-save"),
+			IPTablesRestore: ns.Wrap(t, "iptables-restore"), IPSet: ns.Wrap(t, "ipset")}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,16 +60,12 @@ func newNode(t *testing.T) *node {
 
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
-	out, err := exec.Command(name, args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
-	}
-	return string(out)
+	return netnstest.Run(t, name, args...)
 }
 
 func (n *node) exec(t *testing.T, args ...string) string {
 	t.Helper()
-	return run(t, "ip", append([]string{"netns", "exec", n.name}, args...)...)
+	return n.ns.Exec(t, args...)
 }
 
 // addPod wires a pod namespace (10.77.<i>.2, its gateway 10.77.<i>.1 in the node) and adds the Pod, on
