@@ -194,8 +194,8 @@ func TestTrafficThroughClusterIP(t *testing.T) {
 	}
 }
 
-// Stale chains: those of an agent whose lock is free, or whose data dir is gone, are removed; those of a
-// live agent and the caller's own stay.
+// Stale chains (the service proxy's, the masquerade chain and the network policy engine's): those of an agent
+// whose lock is free, or whose data dir is gone, are removed; those of a live agent and the caller's own stay.
 func TestRemoveStale(t *testing.T) {
 	ns := newTestNetns(t)
 	ctx := context.Background()
@@ -223,6 +223,9 @@ func TestRemoveStale(t *testing.T) {
 		if err := syncMasquerade(ctx, ns.cmds, MasqueradeChain(id), OwnerComment(id, dir), "10.244.0.0/24", []string{"10.244.0.0/24"}, false); err != nil {
 			t.Fatal(err)
 		}
+		// The network policy engine's chain (nodeagent/netpol), jumped from FORWARD with the owner comment.
+		ns.exec(t, "iptables", "-N", "SKIFF-NP-"+id+"-FWD")
+		ns.exec(t, "iptables", "-I", "FORWARD", "-m", "comment", "--comment", OwnerComment(id, dir), "-j", "SKIFF-NP-"+id+"-FWD")
 	}
 	// A chain from before owner comments: no owner named anywhere.
 	ns.exec(t, "iptables", "-t", "nat", "-N", "SKIFF-MASQ-5555eeee")
@@ -239,7 +242,7 @@ func TestRemoveStale(t *testing.T) {
 		}
 	}
 	for _, id := range []string{"1111aaaa", "4444dddd"} {
-		if !strings.Contains(saved, "SKIFF-"+id+"-SVCS") || !strings.Contains(saved, "SKIFF-MASQ-"+id) {
+		if !strings.Contains(saved, "SKIFF-"+id+"-SVCS") || !strings.Contains(saved, "SKIFF-MASQ-"+id) || !strings.Contains(saved, "SKIFF-NP-"+id+"-FWD") {
 			t.Errorf("%s's chains were removed:\n%s", id, saved)
 		}
 	}
