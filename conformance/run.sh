@@ -7,11 +7,15 @@
 # e2e.log and junit_01.xml. It prints "N passed, M failed" and exits non-zero if a test failed.
 #
 #   CONFORMANCE_FOCUS   a regular expression narrowing the tests by name (default: all of them)
+#   CONFORMANCE_LABELS  the ginkgo label filter of the tests to run (default Conformance; '' for any test, as
+#                       for the network policy suite: CONFORMANCE_LABELS='' CONFORMANCE_FOCUS='Feature:NetworkPolicy')
 #   CONFORMANCE_TESTS   a file of test names, one per line (# comments), to run instead (conformance/smoke.txt)
 #   CONFORMANCE_TIMEOUT how long each part may run (default 4h)
 #   CONFORMANCE_SKIP    a regular expression of tests to leave out (default: none)
 #   CONFORMANCE_NODES   parallel ginkgo processes for the parallel part (default 4)
 #   CONFORMANCE_DIR     where builds, the cluster and results go (default .conformance)
+#   CONFORMANCE_KILL_LEADER=N  kills the Raft leader (kill -9) N seconds into the parallel part and starts it again
+#                       10 s later: the suite must pass across a leader failover too
 #   CONFORMANCE_KEEP=1  leaves the cluster up afterwards (`bin/skiff local down --dir $CONFORMANCE_DIR/cluster`)
 #
 # The suite's programs are cached between runs (SKIFF_CACHE, default ~/.cache/skiff); Skiff's own are rebuilt.
@@ -23,6 +27,7 @@ focus=${CONFORMANCE_FOCUS:-.}
 skip=${CONFORMANCE_SKIP:-}
 nodes=${CONFORMANCE_NODES:-4}
 timeout=${CONFORMANCE_TIMEOUT:-4h}
+labels=${CONFORMANCE_LABELS-Conformance}
 if [ -n "${CONFORMANCE_TESTS:-}" ]; then
 	# Each name is matched literally: regular expression characters are escaped.
 	focus=$(grep -v '^#' "$CONFORMANCE_TESTS" | grep -v '^$' | sed 's/[][().*+?^$|{}\\]/\\&/g' | paste -sd'|')
@@ -105,9 +110,28 @@ run() { # run NAME LABEL-FILTER GINKGO-FLAGS...
 	TMPDIR=$suite_tmp "$bin/ginkgo" "${args[@]}" "$bin/e2e.test" -- "${e2e_args[@]}" --report-dir="$results/$name" || true
 }
 start=$(date +%s)
+exec 3>&2
 {
-	run parallel 'Conformance && !Serial' --procs="$nodes"
-	run serial 'Conformance && Serial'
+	killer=
+	if [ -n "${CONFORMANCE_KILL_LEADER:-}" ]; then
+		(
+			sleep "$CONFORMANCE_KILL_LEADER"
+			leader=$("$root/bin/skiff" local status --dir "$cluster" | sed -n 's/^leader: \([^ ]*\).*/\1/p')
+			log "killing the leader, ${leader:-none found}"
+			[ -n "$leader" ] || exit 0
+			"$root/bin/skiff" local kill --dir "$cluster" "$leader"
+			sleep 10
+			"$root/bin/skiff" local start --dir "$cluster" "$leader"
+			log "$leader started again"
+		) >&3 2>&3 & # not into the pipe to tee: its sleep would hold the pipe open after the part ends
+		killer=$!
+	fi
+	run parallel "${labels:+($labels) && }!Serial" --procs="$nodes"
+	if [ -n "$killer" ]; then
+		kill "$killer" 2>/dev/null || true # the part ended before the kill was due
+		wait "$killer" 2>/dev/null || true
+	fi
+	run serial "${labels:+($labels) && }Serial"
 } 2>&1 | tee "$results/e2e.log"
 wall=$(( $(date +%s) - start ))
 log "wall time: $((wall / 60)) min $((wall % 60)) s"

@@ -138,9 +138,10 @@ func withHealthTaints(taints []corev1.Taint, key string, now time.Time) ([]corev
 	return out, changed
 }
 
-// evictAt is when a pod must leave a Node with this NoExecute taint: now without a matching toleration,
-// never (zero time, false) with one that has no tolerationSeconds, else when its tolerationSeconds run out.
-func evictAt(pod *corev1.Pod, taint corev1.Taint, now time.Time) (time.Time, bool) {
+// evictAt is when a pod must leave a Node with this NoExecute taint, added at added: now without a matching
+// toleration, never (zero time, false) with one that has no tolerationSeconds, else when its
+// tolerationSeconds run out.
+func evictAt(pod *corev1.Pod, taint corev1.Taint, added, now time.Time) (time.Time, bool) {
 	for _, tol := range pod.Spec.Tolerations {
 		if !tol.ToleratesTaint(klog.Background(), &taint, false) {
 			continue
@@ -148,13 +149,25 @@ func evictAt(pod *corev1.Pod, taint corev1.Taint, now time.Time) (time.Time, boo
 		if tol.TolerationSeconds == nil {
 			return time.Time{}, false
 		}
-		added := now
-		if taint.TimeAdded != nil {
-			added = taint.TimeAdded.Time
-		}
 		return added.Add(time.Duration(max(*tol.TolerationSeconds, 0)) * time.Second), true
 	}
 	return now, true
+}
+
+// taintAddedAt is when a Node's NoExecute taint was added: its TimeAdded, which the health taints always
+// carry; for a taint without one (`kubectl taint ... :NoExecute`), when this leader first saw it, as
+// Kubernetes' taint eviction controller counts.
+func (l *lifecycle) taintAddedAt(node string, t corev1.Taint, now time.Time) time.Time {
+	if t.TimeAdded != nil {
+		return t.TimeAdded.Time
+	}
+	key := node + "\x00" + t.Key + "=" + t.Value
+	seen, ok := l.taintSeen[key]
+	if !ok {
+		l.taintSeen[key], seen = now, now
+	}
+	l.taintPresent[key] = true
+	return seen
 }
 
 // runNodeLifecycle turns gossip member state (or Lease freshness) into Node conditions and taints, and evicts
@@ -246,6 +259,10 @@ type lifecycle struct {
 	// as failed, by member name.
 	failureConfirmed map[string]time.Time
 	answering        map[string]bool // failed members that answered their last probe, logged once
+	// taintSeen is when this leader first saw each NoExecute taint without a TimeAdded, by node, key and value;
+	// taintPresent the ones the current pass saw.
+	taintSeen    map[string]time.Time
+	taintPresent map[string]bool
 }
 
 // failureRecheck is how long a confirmed failure stands before the member is probed again.
@@ -347,8 +364,15 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 			l.c.Logger.Info("leaving full-disruption mode: evictions resume", "unreachable", unreachable, "tracked", tracked)
 		}
 	}
+	l.taintPresent = map[string]bool{}
+	if l.taintSeen == nil {
+		l.taintSeen = map[string]time.Time{}
+	}
 	for _, node := range nodes {
 		h, judged := health[node.Name]
+		if !judged || (h != healthUnreachable && h != healthShutdown) {
+			l.handleUserTaints(ctx, node, now)
+		}
 		if !judged || h == healthUntracked {
 			continue
 		}
@@ -360,6 +384,11 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 		if h == healthUnreachable || h == healthShutdown {
 			// No evictions in the pass that restamps: the node here still carries the old taint times.
 			l.handlePods(ctx, node, now, disrupted || restamp)
+		}
+	}
+	for key := range l.taintSeen {
+		if !l.taintPresent[key] {
+			delete(l.taintSeen, key) // removed: a taint added again counts afresh
 		}
 	}
 	l.collectOrphans(ctx, nodes, now)
@@ -444,12 +473,39 @@ func (l *lifecycle) handlePods(ctx context.Context, node *corev1.Node, now time.
 		if disrupted {
 			continue
 		}
-		for _, taint := range noExecute {
-			if at, evict := evictAt(pod, taint, now); evict && !now.Before(at) {
-				l.evict(ctx, pod, taint)
-				break
-			}
+		l.evictIfDue(ctx, node.Name, pod, noExecute, now)
+	}
+}
+
+// evictIfDue evicts a pod whose tolerations of one of its Node's NoExecute taints ran out.
+func (l *lifecycle) evictIfDue(ctx context.Context, node string, pod *corev1.Pod, noExecute []corev1.Taint, now time.Time) {
+	for _, taint := range noExecute {
+		if at, evict := evictAt(pod, taint, l.taintAddedAt(node, taint, now), now); evict && !now.Before(at) {
+			l.evict(ctx, pod, taint)
+			return
 		}
+	}
+}
+
+// handleUserTaints evicts, from a Node that is not lost, the pods whose tolerations of its other NoExecute
+// taints (a user's, not the health ones) ran out, as Kubernetes' taint eviction controller does on any Node.
+func (l *lifecycle) handleUserTaints(ctx context.Context, node *corev1.Node, now time.Time) {
+	var noExecute []corev1.Taint
+	for _, t := range node.Spec.Taints {
+		if t.Effect == corev1.TaintEffectNoExecute && t.Key != taintUnreachable && t.Key != taintNotReady {
+			noExecute = append(noExecute, t)
+		}
+	}
+	if len(noExecute) == 0 {
+		return
+	}
+	objs, _ := l.podIndex.ByIndex(podsByNode, node.Name)
+	for _, obj := range objs {
+		pod := obj.(*corev1.Pod)
+		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		l.evictIfDue(ctx, node.Name, pod, noExecute, now)
 	}
 }
 

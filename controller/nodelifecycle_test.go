@@ -202,7 +202,11 @@ func TestEvictAt(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			pod := &corev1.Pod{Spec: corev1.PodSpec{Tolerations: tc.tolerations}}
-			at, evict := evictAt(pod, tc.taint, now)
+			added := now
+			if tc.taint.TimeAdded != nil {
+				added = tc.taint.TimeAdded.Time
+			}
+			at, evict := evictAt(pod, tc.taint, added, now)
 			if evict != tc.wantEvict || !at.Equal(tc.wantAt) {
 				t.Errorf("evictAt = (%v, %v), want (%v, %v)", at, evict, tc.wantAt, tc.wantEvict)
 			}
@@ -751,6 +755,30 @@ func TestReconcileLifecycle(t *testing.T) {
 				checkDeleted(t, h, nil)
 				h.l.reconcile(context.Background(), now.Add(41*time.Second))
 				checkDeleted(t, h, map[string]*int64{"p-orphan": i64(0)})
+			},
+		},
+		{
+			// Kubernetes' taint eviction on a healthy Node: a user's NoExecute taint (no TimeAdded: counted from
+			// when the leader first saw it) evicts pods that do not tolerate it at once and the others when their
+			// tolerationSeconds run out.
+			name: "a user's NoExecute taint on a healthy node",
+			world: lifecycleWorld{
+				warmAt:  past,
+				members: []gossip.Member{member("a-alive", gossip.StatusAlive, "n-user")},
+				nodes: []*corev1.Node{testNode("n-user", ready,
+					corev1.Taint{Key: "example.com/evict", Value: "yes", Effect: corev1.TaintEffectNoExecute})},
+				pods: []*corev1.Pod{
+					testPod("p-intolerant", "n-user"),
+					testPod("p-5s", "n-user", corev1.Toleration{Key: "example.com/evict", Operator: corev1.TolerationOpExists,
+						Effect: corev1.TaintEffectNoExecute, TolerationSeconds: i64(5)}),
+					testPod("p-forever", "n-user", corev1.Toleration{Key: "example.com/evict", Operator: corev1.TolerationOpExists}),
+				},
+			},
+			passes: []time.Time{now, now.Add(3 * time.Second)},
+			check: func(t *testing.T, h *lifecycleHarness) {
+				checkDeleted(t, h, map[string]*int64{"p-intolerant": nil})
+				h.l.reconcile(context.Background(), now.Add(6*time.Second))
+				checkDeleted(t, h, map[string]*int64{"p-intolerant": nil, "p-5s": nil})
 			},
 		},
 		{
