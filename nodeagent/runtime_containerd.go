@@ -783,38 +783,56 @@ func removeAllBut(dir, keep string) error {
 	return errors.Join(errs...)
 }
 
-// removeAll kills every running container of the pod in parallel, then removes all of them and the sandbox.
+// removeAll kills every running container of the pod, then removes all of them and the sandbox. The regular
+// containers (app, ephemeral, init) are killed in parallel, and only once they have stopped the sidecars
+// (restartable init containers), one at a time in the reverse of their order in the spec, as the kubelet
+// does (KEP-753): a regular container's preStop hook may still need a sidecar (a proxy, a log shipper).
 // keepLatest keeps the record of each container's latest attempt (its task is gone), for a sandbox that is
 // made again.
 func (r *containerdRuntime) removeAll(ctx context.Context, pod *corev1.Pod, recs *podRecords, grace func() time.Duration, keepLatest bool) error {
 	start := time.Now()
-	// The specs give the preStop hooks. Init and ephemeral containers have none (the API forbids an
-	// ephemeral container's lifecycle), so a nil spec is right for them; the grace period and the stop signal
-	// (a label) do not depend on the spec.
+	// The specs give the preStop hooks. Non-restartable init and ephemeral containers have none (the API
+	// forbids them a lifecycle), so a nil spec is right for them; the grace period and the stop signal (a
+	// label) do not depend on the spec.
 	specs := map[string]*corev1.Container{}
 	for i := range pod.Spec.Containers {
 		specs[kindApp+"/"+pod.Spec.Containers[i].Name] = &pod.Spec.Containers[i]
 	}
-	var wg sync.WaitGroup
+	var sidecars []string // keys, in the reverse of the spec's order
+	for i := len(pod.Spec.InitContainers) - 1; i >= 0; i-- {
+		if c := &pod.Spec.InitContainers[i]; isSidecar(c) {
+			specs[kindInit+"/"+c.Name] = c
+			sidecars = append(sidecars, kindInit+"/"+c.Name)
+		}
+	}
 	var mu sync.Mutex
 	var errs []error
+	kill := func(key string, rec *ctrRecord) {
+		if err := r.killContainer(ctx, pod, specs[key], rec, start, grace); err != nil {
+			mu.Lock()
+			errs = append(errs, err)
+			mu.Unlock()
+		}
+	}
+	var wg sync.WaitGroup
 	for key, attempts := range recs.attempts {
+		if slices.Contains(sidecars, key) {
+			continue
+		}
 		for _, rec := range attempts {
-			if !rec.running {
-				continue
+			if rec.running {
+				wg.Go(func() { kill(key, rec) })
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				if err := r.killContainer(ctx, pod, specs[key], rec, start, grace); err != nil {
-					mu.Lock()
-					errs = append(errs, err)
-					mu.Unlock()
-				}
-			}()
 		}
 	}
 	wg.Wait()
+	for _, key := range sidecars {
+		for _, rec := range recs.attempts[key] {
+			if rec.running {
+				kill(key, rec)
+			}
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
