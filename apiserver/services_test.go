@@ -2,6 +2,7 @@ package apiserver_test
 
 import (
 	"context"
+	"k8s.io/client-go/util/retry"
 	"strings"
 	"testing"
 
@@ -187,8 +188,16 @@ func TestLoadBalancerServiceFields(t *testing.T) {
 	if bare.Spec.Ports[0].NodePort != 0 || bare.Spec.Ports[1].NodePort != 30181 {
 		t.Fatalf("allocateLoadBalancerNodePorts false: nodePorts %d and %d, want 0 and 30181", bare.Spec.Ports[0].NodePort, bare.Spec.Ports[1].NodePort)
 	}
-	bare.Spec.Ports = append(bare.Spec.Ports, corev1.ServicePort{Name: "c", Port: 82, Protocol: corev1.ProtocolTCP})
-	if bare, err = services.Update(ctx, bare, metav1.UpdateOptions{}); err != nil {
+	// The load balancer controller may write the Service's status meanwhile: update the latest version.
+	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		latest, err := services.Get(ctx, "bare", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		latest.Spec.Ports = append(latest.Spec.Ports, corev1.ServicePort{Name: "c", Port: 82, Protocol: corev1.ProtocolTCP})
+		bare, err = services.Update(ctx, latest, metav1.UpdateOptions{})
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	if bare.Spec.Ports[2].NodePort != 0 || bare.Spec.Ports[1].NodePort != 30181 {
