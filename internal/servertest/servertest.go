@@ -203,7 +203,10 @@ func Namespace(t testing.TB, p *Peer, prefix string) string {
 
 func waitForAPI(t testing.TB, kubeconfig string) (*rest.Config, kubernetes.Interface) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	// A ceiling, not an expectation: a start takes seconds, but make test's unit phase once starved three
+	// servers of CPU until they churned through elections for a minute (TestResourceQuotaAcrossServers, after
+	// which the RBAC bootstrap still had its roles to reconcile).
+	deadline := time.Now().Add(120 * time.Second)
 	var lastErr error
 	for time.Now().Before(deadline) {
 		if _, err := os.Stat(kubeconfig); err != nil {
