@@ -60,6 +60,24 @@ func defaultPod(o runtime.Object) {
 	}
 }
 
+// defaultRequestsFromLimits gives each container a request for every resource it has a limit for and no
+// request, equal to the limit, as Kubernetes defaults a pod (not a pod template).
+func defaultRequestsFromLimits(pod *corev1.Pod) {
+	for _, list := range [][]corev1.Container{pod.Spec.InitContainers, pod.Spec.Containers} {
+		for i := range list {
+			r := &list[i].Resources
+			for name, q := range r.Limits {
+				if _, ok := r.Requests[name]; !ok {
+					if r.Requests == nil {
+						r.Requests = corev1.ResourceList{}
+					}
+					r.Requests[name] = q.DeepCopy()
+				}
+			}
+		}
+	}
+}
+
 func defaultContainer(c *corev1.Container) {
 	if c.ImagePullPolicy == "" {
 		c.ImagePullPolicy = corev1.PullIfNotPresent
@@ -182,6 +200,8 @@ func validatePod(o runtime.Object) field.ErrorList {
 	}{{spec.Child("initContainers"), pod.Spec.InitContainers}, {spec.Child("containers"), pod.Spec.Containers}} {
 		for i, c := range group.list {
 			errs = append(errs, validateContainer(c, group.path.Index(i), names, volumes)...)
+			nonSidecarInit := group.path.String() == "spec.initContainers" && !isRestartable(&c)
+			errs = append(errs, validateResizePolicy(c, pod.Spec.RestartPolicy, nonSidecarInit, group.path.Index(i).Child("resizePolicy"))...)
 		}
 	}
 	switch pod.Spec.RestartPolicy {
@@ -195,6 +215,41 @@ func validatePod(o runtime.Object) field.ErrorList {
 	}
 	if sc := pod.Spec.SecurityContext; sc != nil {
 		errs = append(errs, validateSysctls(sc.Sysctls, &pod.Spec, spec.Child("securityContext", "sysctls"))...)
+	}
+	return errs
+}
+
+// validateResizePolicy is kube-apiserver's check of a container's resize policies: cpu and memory, each at
+// most once, NotRequired or RestartContainer, and only NotRequired in a pod that never restarts a container
+// (or for an init container that is not a sidecar).
+func validateResizePolicy(c corev1.Container, podPolicy corev1.RestartPolicy, nonSidecarInit bool, p *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	seen := sets.New[corev1.ResourceName]()
+	for i, rp := range c.ResizePolicy {
+		if seen.Has(rp.ResourceName) {
+			errs = append(errs, field.Duplicate(p.Index(i), rp.ResourceName))
+		}
+		seen.Insert(rp.ResourceName)
+		switch rp.ResourceName {
+		case corev1.ResourceCPU, corev1.ResourceMemory:
+		case "":
+			errs = append(errs, field.Required(p.Index(i).Child("resourceName"), ""))
+		default:
+			errs = append(errs, field.NotSupported(p.Index(i).Child("resourceName"), rp.ResourceName, []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory}))
+		}
+		switch rp.RestartPolicy {
+		case corev1.NotRequired, corev1.RestartContainer:
+		case "":
+			errs = append(errs, field.Required(p.Index(i).Child("restartPolicy"), ""))
+		default:
+			errs = append(errs, field.NotSupported(p.Index(i).Child("restartPolicy"), rp.RestartPolicy, []corev1.ResourceResizeRestartPolicy{corev1.NotRequired, corev1.RestartContainer}))
+		}
+		switch {
+		case rp.RestartPolicy == corev1.RestartContainer && nonSidecarInit:
+			errs = append(errs, field.Invalid(p.Index(i).Child("restartPolicy"), rp.RestartPolicy, "must not be set to 'RestartContainer' for non-sidecar initContainers"))
+		case rp.RestartPolicy == corev1.RestartContainer && podPolicy == corev1.RestartPolicyNever:
+			errs = append(errs, field.Invalid(p.Index(i).Child("restartPolicy"), rp.RestartPolicy, "must be 'NotRequired' when pod `restartPolicy` is 'Never'"))
+		}
 	}
 	return errs
 }

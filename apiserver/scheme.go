@@ -81,6 +81,9 @@ func init() {
 		registerAsInternal(g.gv)
 	}
 	registerFieldLabels()
+	// As k8s.io/kubernetes' v1 defaults, applied when a request is decoded (so before admission: LimitRanger
+	// sees a container's requests taken from its limits, as kube-apiserver's does).
+	Scheme.AddTypeDefaultingFunc(&corev1.Pod{}, func(o any) { defaultRequestsFromLimits(o.(*corev1.Pod)) })
 }
 
 // registerAsInternal registers each versioned type of gv also as the group's internal version. The API

@@ -233,6 +233,7 @@ func ephemeralContainersREST(store *genericregistry.Store) rest.Storage {
 
 var podSubresources = []subresource{
 	{"ephemeralcontainers", ephemeralContainersREST},
+	{"resize", resizeREST},
 	{"binding", func(s *genericregistry.Store) rest.Storage { return &bindingREST{store: s} }},
 	{"eviction", func(s *genericregistry.Store) rest.Storage { return &evictionREST{store: s} }},
 }

@@ -80,12 +80,34 @@ spec:
   - name: app
     image: %[1]s
     command: ["sleep", "3603"]
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: resize}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: inplace
+    image: %[1]s
+    command: ["sleep", "3604"]
+    resources:
+      requests: {cpu: 100m, memory: 32Mi}
+      limits: {cpu: 200m, memory: 64Mi}
+  - name: restart
+    image: %[1]s
+    command: ["sleep", "3605"]
+    resizePolicy: [{resourceName: memory, restartPolicy: RestartContainer}]
+    resources:
+      requests: {cpu: 50m, memory: 32Mi}
+      limits: {memory: 64Mi}
 `
 
 // TestRealPodSpecNodeRules runs, on containerd, what the node decides of a pod spec (docs/operations.md):
 // safe sysctls set in the pod's namespaces (seen by its containers); an unsafe one refused by the node with
 // SysctlForbidden and nothing started; a sidecar restarted when its liveness probe fails; and a pod past its
-// activeDeadlineSeconds killed and Failed with DeadlineExceeded; hostPID, hostIPC and shareProcessNamespace.
+// activeDeadlineSeconds killed and Failed with DeadlineExceeded; hostPID, hostIPC and shareProcessNamespace;
+// in-place resize (pods/resize) of a running container's cgroup, and of one whose policy restarts it, and a
+// resize the node cannot admit.
 func TestRealPodSpecNodeRules(t *testing.T) {
 	parallelOnHostNetwork(t)
 	requireRealRuntime(t)
@@ -191,5 +213,76 @@ func TestRealPodSpecNodeRules(t *testing.T) {
 	})
 	if out := ctr(t, agent, "containers", "ls", "-q"); strings.Contains(out, k.pod("deadline").Metadata.UID) {
 		t.Errorf("containers of the pod past its deadline remain:\n%s", out)
+	}
+
+	checkInPlaceResize(t, k)
+}
+
+// checkInPlaceResize resizes the resize pod: its inplace container's cgroup changes under the running
+// process, its restart container (resizePolicy RestartContainer for memory) is restarted with the new limit,
+// and the status reports what the cgroups have; then a resize larger than the node is left pending.
+func checkInPlaceResize(t *testing.T, k kubectl) {
+	t.Helper()
+	proctest.WaitFor(t, "resize Running", 120*time.Second, func() error {
+		if out := k.ok("get", "pod", "resize", "-o", "jsonpath={.status.phase}"); out != "Running" {
+			return fmt.Errorf("not yet: %s", out)
+		}
+		return nil
+	})
+	// The machine's cgroup version decides the files; the container sees its own cgroup at /sys/fs/cgroup.
+	cgroupV2 := strings.TrimSpace(k.ok("exec", "resize", "-c", "inplace", "--", "sh", "-c", "test -f /sys/fs/cgroup/cpu.max && echo v2 || echo v1")) == "v2"
+	quota := func(container string) string {
+		if cgroupV2 {
+			return strings.Fields(k.ok("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/cpu.max"))[0]
+		}
+		return strings.TrimSpace(k.ok("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"))
+	}
+	memory := func(container string) string {
+		if cgroupV2 {
+			return strings.TrimSpace(k.ok("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/memory.max"))
+		}
+		return strings.TrimSpace(k.ok("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+	}
+	if q, m := quota("inplace"), memory("inplace"); q != "20000" || m != "67108864" {
+		t.Errorf("before the resize: cpu quota %s, memory limit %s; want 20000 (200m) and 67108864 (64Mi)", q, m)
+	}
+	containerID := func() string { return k.ok("get", "pod", "resize", "-o", "jsonpath={.status.containerStatuses[0].containerID}") }
+	before := containerID()
+	k.ok("patch", "pod", "resize", "--subresource", "resize", "-p",
+		`{"spec":{"containers":[{"name":"inplace","resources":{"requests":{"cpu":"150m"},"limits":{"cpu":"300m","memory":"96Mi"}}},{"name":"restart","resources":{"limits":{"memory":"80Mi"}}}]}}`)
+	const done = "2 2 0 1 300m 96Mi 80Mi 150m"
+	proctest.WaitFor(t, "the resize applied", 60*time.Second, func() error {
+		out := k.ok("get", "pod", "resize", "-o", "jsonpath={.metadata.generation} {.status.observedGeneration} "+
+			"{.status.containerStatuses[0].restartCount} {.status.containerStatuses[1].restartCount} "+
+			"{.status.containerStatuses[0].resources.limits.cpu} {.status.containerStatuses[0].resources.limits.memory} "+
+			"{.status.containerStatuses[1].resources.limits.memory} {.status.containerStatuses[0].allocatedResources.cpu} "+
+			"{.status.conditions[?(@.type=='PodResizeInProgress')].status}{.status.conditions[?(@.type=='PodResizePending')].status}")
+		if out != done {
+			return fmt.Errorf("generation, observed, restarts, resources: %q, want %q", out, done)
+		}
+		return nil
+	})
+	if q, m := quota("inplace"), memory("inplace"); q != "30000" || m != "100663296" {
+		t.Errorf("after the resize: cpu quota %s, memory limit %s; want 30000 (300m) and 100663296 (96Mi)", q, m)
+	}
+	if now := containerID(); now != before {
+		t.Errorf("the inplace container changed (%s, then %s): it was not resized in place", before, now)
+	}
+	if m := memory("restart"); m != "83886080" {
+		t.Errorf("the restarted container's memory limit %s, want 83886080 (80Mi)", m)
+	}
+
+	// More cpu than the node has: pending, Infeasible, and the containers keep what they were given.
+	k.ok("patch", "pod", "resize", "--subresource", "resize", "-p", `{"spec":{"containers":[{"name":"inplace","resources":{"requests":{"cpu":"1000"},"limits":{"cpu":"1000"}}}]}}`)
+	proctest.WaitFor(t, "the resize pending", 60*time.Second, func() error {
+		out := k.ok("get", "pod", "resize", "-o", "jsonpath={.status.observedGeneration} {.status.conditions[?(@.type=='PodResizePending')].reason} "+
+			"{.status.containerStatuses[0].allocatedResources.cpu} {.status.containerStatuses[0].resources.limits.cpu}")
+		if out != "3 Infeasible 150m 300m" {
+			return fmt.Errorf("observed, pending reason, allocated and applied cpu: %q", out)
+		}
+		return nil
+	})
+	if q := quota("inplace"); q != "30000" {
+		t.Errorf("a pending resize changed the cgroup: cpu quota %s, want 30000", q)
 	}
 }

@@ -15,6 +15,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	nodev1 "k8s.io/api/node/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
+	resourcehelper "k8s.io/component-helpers/resource"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -745,11 +746,32 @@ func (a *Agent) registered(node *corev1.Node) {
 		}
 	case *containerdRuntime:
 		rt.dnsFacts = a.facts.podDNS
+		rt.nodeRequests = a.nodeRequests
 		objects := apiObjects{client: a.client, certs: newNodeCertificates(a.ctx, a.client, a.recorder, node.Name, a.kick)}
 		rt.attach(objects, a.recorder, func(pod *corev1.Pod, after time.Duration) {
 			a.kick(pod.Namespace+"/"+pod.Name, after)
 		}, node)
 	}
+}
+
+// nodeRequests sums the cpu and memory requests of the pods the agent runs on the pod's node, other than
+// the pod itself: a pod with a resize under way counts with the larger of what it asks and what it was given,
+// as the scheduler counts it.
+func (a *Agent) nodeRequests(except *corev1.Pod) corev1.ResourceList {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	sum := corev1.ResourceList{}
+	for _, p := range a.running {
+		if p.UID == except.UID || p.Spec.NodeName != except.Spec.NodeName {
+			continue
+		}
+		for name, q := range resourcehelper.PodRequests(p, resourcehelper.PodResourcesOptions{UseStatusResources: true}) {
+			total := sum[name]
+			total.Add(q)
+			sum[name] = total
+		}
+	}
+	return sum
 }
 
 // registerNodes registers every hosted node, sixteen at a time.

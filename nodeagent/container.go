@@ -432,21 +432,13 @@ func cgroupResources(c *corev1.Container) corev1.ResourceRequirements {
 }
 
 // appliedResources is a container's status.resources: the spec's resources, with the cpu and memory values
-// its cgroup was created with (recorded on the container) in place of the spec's. A container made before
-// the record existed reports the spec's.
+// its cgroup has (recorded on the container at its creation and at each resize) in place of the spec's. A
+// container made before the record existed reports the spec's.
 func appliedResources(rec *ctrRecord, c *corev1.Container) *corev1.ResourceRequirements {
 	res := c.Resources.DeepCopy()
-	var applied corev1.ResourceRequirements
-	if raw := rec.labels[labelResources]; raw == "" || json.Unmarshal([]byte(raw), &applied) != nil {
-		return res
-	}
-	for _, name := range []corev1.ResourceName{corev1.ResourceCPU, corev1.ResourceMemory} {
-		if q, ok := applied.Requests[name]; ok && res.Requests != nil {
-			res.Requests[name] = q
-		}
-		if q, ok := applied.Limits[name]; ok && res.Limits != nil {
-			res.Limits[name] = q
-		}
+	if applied, ok := recordedResources(rec); ok {
+		res.Requests = withCPUMemoryOf(res.Requests, applied.Requests)
+		res.Limits = withCPUMemoryOf(res.Limits, applied.Limits)
 	}
 	return res
 }

@@ -39,6 +39,8 @@ type PodState struct {
 	// FailReason, when set, fails the pod whatever its containers say, with FailMessage: the agent ended it
 	// (its active deadline passed).
 	FailReason, FailMessage string
+	// Resize, when set, is a resize of the pod's containers that the node has not admitted or not applied.
+	Resize *ResizeState
 	// Killed: the agent killed the pod's containers for its deletion; the phase is terminal, Failed unless
 	// every container succeeded.
 	Killed bool

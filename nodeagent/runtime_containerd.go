@@ -80,6 +80,9 @@ type containerdRuntime struct {
 	dnsFacts    func() clusterDNS         // the cluster DNS for pods' resolv.conf (nil: not known)
 	services    corelisters.ServiceLister // every Service, for the pods' service links (nil: none)
 	policies    *netpol.Engine            // NetworkPolicy enforcement (nil: off)
+	// nodeRequests sums the requests of the node's pods other than the one given, as the node admitted
+	// them: what a resize must fit beside (resize.go). Nil: nothing else counts.
+	nodeRequests func(except *corev1.Pod) corev1.ResourceList
 
 	probes       *probeManager
 	crashBackoff *restartBackoff
@@ -479,10 +482,15 @@ func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodS
 		r.event(pod, corev1.EventTypeWarning, "FailedMount", "MountVolume.SetUp failed: %v", err)
 		return r.state(pod, recs, sb), err
 	}
+	// A resize the node does not admit leaves the pod running with what it was given (resize.go).
+	pod, resize := r.allocateResize(pod, recs)
 	ephemeralErr := r.syncEphemeralContainers(ctx, pod, recs, sb, vols)
 	initDone, stepErr := r.syncInitContainers(ctx, pod, recs, sb, vols)
 	if initDone && stepErr == nil {
 		stepErr = r.syncAppContainers(ctx, pod, recs, sb, vols)
+	}
+	if resize == nil && stepErr == nil {
+		resize = r.actuateResizes(ctx, pod, recs, sb, vols)
 	}
 	stepErr = errors.Join(ephemeralErr, stepErr)
 	if recs, err = r.loadPod(ctx, pod.UID, true); err != nil {
@@ -496,7 +504,9 @@ func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodS
 	withIP := pod.DeepCopy()
 	withIP.Status.PodIP, withIP.Status.PodIPs = sb.ip, []corev1.PodIP{{IP: sb.ip}}
 	r.watchExits(ctx, withIP, recs)
-	return r.state(pod, recs, sb), stepErr
+	state := r.state(pod, recs, sb)
+	state.Resize = resize
+	return state, stepErr
 }
 
 // ensureSandbox returns the pod's running sandbox, creating it (again) when needed.

@@ -1,6 +1,8 @@
 package nodeagent
 
 import (
+	"slices"
+
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	podutil "k8s.io/kubernetes/pkg/api/v1/pod"
@@ -66,7 +68,25 @@ func podStatus(pod *corev1.Pod, state *PodState, hostIP string) corev1.PodStatus
 	setCondition(&status, kubeletstatus.GeneratePodReadyCondition(pod, old, status.Conditions, all, status.Phase))
 	setCondition(&status, kubeletstatus.GenerateContainersReadyCondition(pod, old, all, status.Phase))
 	setCondition(&status, corev1.PodCondition{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, ObservedGeneration: generation(corev1.PodScheduled)})
+	// The kubelet's resize conditions: present only while a resize is pending or in progress.
+	keep := corev1.PodConditionType("")
+	if r := state.Resize; r != nil {
+		keep = corev1.PodResizeInProgress
+		if r.Pending {
+			keep = corev1.PodResizePending
+		}
+		setCondition(&status, corev1.PodCondition{Type: keep, Status: corev1.ConditionTrue, Reason: r.Reason, Message: r.Message, ObservedGeneration: pod.Generation})
+	}
+	for _, t := range []corev1.PodConditionType{corev1.PodResizePending, corev1.PodResizeInProgress} {
+		if t != keep {
+			removeCondition(&status, t)
+		}
+	}
 	return status
+}
+
+func removeCondition(status *corev1.PodStatus, t corev1.PodConditionType) {
+	status.Conditions = slices.DeleteFunc(status.Conditions, func(c corev1.PodCondition) bool { return c.Type == t })
 }
 
 // setCondition puts a condition in the status, in place of the one of its type (whose transition time it
