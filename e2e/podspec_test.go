@@ -246,7 +246,9 @@ func checkInPlaceResize(t *testing.T, k kubectl) {
 	if q, m := quota("inplace"), memory("inplace"); q != "20000" || m != "67108864" {
 		t.Errorf("before the resize: cpu quota %s, memory limit %s; want 20000 (200m) and 67108864 (64Mi)", q, m)
 	}
-	containerID := func() string { return k.ok("get", "pod", "resize", "-o", "jsonpath={.status.containerStatuses[0].containerID}") }
+	containerID := func() string {
+		return k.ok("get", "pod", "resize", "-o", "jsonpath={.status.containerStatuses[0].containerID}")
+	}
 	before := containerID()
 	k.ok("patch", "pod", "resize", "--subresource", "resize", "-p",
 		`{"spec":{"containers":[{"name":"inplace","resources":{"requests":{"cpu":"150m"},"limits":{"cpu":"300m","memory":"96Mi"}}},{"name":"restart","resources":{"limits":{"memory":"80Mi"}}}]}}`)
