@@ -252,12 +252,12 @@ func checkInPlaceResize(t *testing.T, k kubectl) {
 	before := containerID()
 	k.ok("patch", "pod", "resize", "--subresource", "resize", "-p",
 		`{"spec":{"containers":[{"name":"inplace","resources":{"requests":{"cpu":"150m"},"limits":{"cpu":"300m","memory":"96Mi"}}},{"name":"restart","resources":{"limits":{"memory":"80Mi"}}}]}}`)
-	const done = "2 2 0 1 300m 96Mi 80Mi 150m"
+	const done = "2 2 0 1 300m 96Mi 80Mi 150m resize conditions:"
 	proctest.WaitFor(t, "the resize applied", 60*time.Second, func() error {
 		out := k.ok("get", "pod", "resize", "-o", "jsonpath={.metadata.generation} {.status.observedGeneration} "+
 			"{.status.containerStatuses[0].restartCount} {.status.containerStatuses[1].restartCount} "+
 			"{.status.containerStatuses[0].resources.limits.cpu} {.status.containerStatuses[0].resources.limits.memory} "+
-			"{.status.containerStatuses[1].resources.limits.memory} {.status.containerStatuses[0].allocatedResources.cpu} "+
+			"{.status.containerStatuses[1].resources.limits.memory} {.status.containerStatuses[0].allocatedResources.cpu} resize conditions:"+
 			"{.status.conditions[?(@.type=='PodResizeInProgress')].status}{.status.conditions[?(@.type=='PodResizePending')].status}")
 		if out != done {
 			return fmt.Errorf("generation, observed, restarts, resources: %q, want %q", out, done)

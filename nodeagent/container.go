@@ -367,7 +367,11 @@ func (r *containerdRuntime) specOpts(pod *corev1.Pod, c *corev1.Container, img c
 	if len(args) == 0 {
 		return nil, fmt.Errorf("container %q has no command: the image has no entrypoint or cmd and the pod sets none", c.Name)
 	}
-	opts := []oci.SpecOpts{oci.WithImageConfig(img), oci.WithProcessArgs(args...), oci.WithEnv(env), oci.WithMounts(mounts)}
+	opts := []oci.SpecOpts{oci.WithImageConfig(img), oci.WithProcessArgs(args...), oci.WithEnv(env), withCgroupMount, oci.WithMounts(mounts)}
+	if cgroupV2() && !privileged(c) {
+		// As containerd's CRI plugin: on cgroup v2 the container's own cgroup is the root it sees.
+		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.CgroupNamespace}))
+	}
 	if c.WorkingDir != "" {
 		opts = append(opts, oci.WithProcessCwd(c.WorkingDir))
 	}
@@ -394,6 +398,25 @@ func (r *containerdRuntime) specOpts(pod *corev1.Pod, c *corev1.Container, img c
 	}
 	return append(opts, sec...), nil
 }
+
+func privileged(c *corev1.Container) bool {
+	return c.SecurityContext != nil && c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged
+}
+
+// withCgroupMount mounts the container's cgroup read-only at /sys/fs/cgroup, as containerd's CRI plugin does
+// for the kubelet: runc bind-mounts the container's own cgroup there (each hierarchy's, on cgroup v1), where
+// programs read their limits (cpu.max, memory.max; cpu/cpu.cfs_quota_us, memory/memory.limit_in_bytes).
+func withCgroupMount(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+	s.Mounts = append(s.Mounts, specs.Mount{Source: "cgroup", Destination: "/sys/fs/cgroup", Type: "cgroup",
+		Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}})
+	return nil
+}
+
+// cgroupV2 tells whether the node's /sys/fs/cgroup is the unified (v2) hierarchy.
+var cgroupV2 = sync.OnceValue(func() bool {
+	var fs unix.Statfs_t
+	return unix.Statfs("/sys/fs/cgroup", &fs) == nil && fs.Type == unix.CGROUP2_SUPER_MAGIC
+})
 
 // pidNamespace is the PID namespace of a container: the node's for a hostPID pod; its target's for an
 // ephemeral container that names one (ephemeral.go); the sandbox's, where the pause process is PID 1 and reaps
@@ -493,8 +516,8 @@ func securityOpts(pod *corev1.Pod, c *corev1.Container) ([]oci.SpecOpts, error) 
 		s.Process.Rlimits = nil
 		return nil
 	}}
-	if csc.Privileged != nil && *csc.Privileged {
-		opts = append(opts, oci.WithPrivileged, oci.WithAllDevicesAllowed, oci.WithHostDevices)
+	if privileged(c) {
+		opts = append(opts, oci.WithPrivileged, oci.WithAllDevicesAllowed, oci.WithHostDevices, oci.WithWriteableSysfs, oci.WithWriteableCgroupfs)
 	}
 	switch {
 	case runAsUser != nil && runAsGroup != nil:
