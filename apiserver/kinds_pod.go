@@ -57,6 +57,13 @@ func defaultPod(o runtime.Object) {
 			mode := corev1.SecretVolumeSourceDefaultMode
 			v.Secret.DefaultMode = &mode
 		}
+		if v.Image != nil && v.Image.PullPolicy == "" {
+			// As a container's image: Always for :latest or no tag, IfNotPresent otherwise.
+			v.Image.PullPolicy = corev1.PullIfNotPresent
+			if tag := imageTag(v.Image.Reference); tag == "" || tag == "latest" {
+				v.Image.PullPolicy = corev1.PullAlways
+			}
+		}
 	}
 }
 
@@ -155,11 +162,17 @@ func supportedVolume(v corev1.Volume) string {
 		return "downwardAPI"
 	case v.PersistentVolumeClaim != nil:
 		return "persistentVolumeClaim"
+	case v.Image != nil:
+		return "image"
+	case v.CSI != nil:
+		// Served: a node with no driver of that name keeps the pod waiting with a FailedMount event, as the
+		// kubelet does (Skiff's agents run no CSI drivers).
+		return "csi"
 	}
 	return ""
 }
 
-var supportedVolumeTypes = []string{"emptyDir", "configMap", "secret", "hostPath", "projected", "downwardAPI", "persistentVolumeClaim"}
+var supportedVolumeTypes = []string{"emptyDir", "configMap", "secret", "hostPath", "projected", "downwardAPI", "persistentVolumeClaim", "image", "csi"}
 
 func validatePod(o runtime.Object) field.ErrorList {
 	pod := o.(*corev1.Pod)
@@ -180,6 +193,22 @@ func validatePod(o runtime.Object) field.ErrorList {
 		volumes.Insert(v.Name)
 		if supportedVolume(v) == "" {
 			errs = append(errs, field.NotSupported(p, volumeTypeName(v), supportedVolumeTypes))
+		}
+		if img := v.Image; img != nil {
+			if img.Reference == "" {
+				errs = append(errs, field.Required(p.Child("image", "reference"), ""))
+			}
+			switch img.PullPolicy {
+			case corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever:
+			default:
+				errs = append(errs, field.NotSupported(p.Child("image", "pullPolicy"), img.PullPolicy, []corev1.PullPolicy{corev1.PullAlways, corev1.PullIfNotPresent, corev1.PullNever}))
+			}
+		}
+		if csi := v.CSI; csi != nil {
+			errs = append(errs, corevalidation.ValidateCSIDriverName(csi.Driver, p.Child("csi", "driver"))...)
+			if ref := csi.NodePublishSecretRef; ref != nil && ref.Name == "" {
+				errs = append(errs, field.Required(p.Child("csi", "nodePublishSecretRef", "name"), ""))
+			}
 		}
 		if c := v.PersistentVolumeClaim; c != nil {
 			if c.ClaimName == "" {

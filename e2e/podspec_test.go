@@ -216,6 +216,63 @@ func TestRealPodSpecNodeRules(t *testing.T) {
 	}
 
 	checkInPlaceResize(t, k)
+	checkImageAndCSIVolumes(t, k, images)
+}
+
+// checkImageAndCSIVolumes runs a pod with an image volume (the server image, pulled Always from the test
+// registry) and one with a CSI inline volume: the first sees the image's files read-only; the second, whose
+// driver no node runs, waits with a FailedMount event that names it, and goes when deleted.
+func checkImageAndCSIVolumes(t *testing.T, k kubectl, images testimages.Images) {
+	t.Helper()
+	applyYAML(t, k, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: imagevol}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: %[1]s
+    command: ["sleep", "3606"]
+    volumeMounts: [{name: img, mountPath: /srv/img}]
+  volumes:
+  - name: img
+    image: {reference: %[2]s, pullPolicy: Always}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: csivol}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: %[1]s
+    command: ["sleep", "3607"]
+    volumeMounts: [{name: inline, mountPath: /data}]
+  volumes:
+  - name: inline
+    csi: {driver: e2e.example.com}
+`, images.Busybox, images.Server))
+	proctest.WaitFor(t, "imagevol Running", 120*time.Second, func() error {
+		if out := k.ok("get", "pod", "imagevol", "-o", "jsonpath={.status.phase}"); out != "Running" {
+			return fmt.Errorf("not yet: %s", out)
+		}
+		return nil
+	})
+	if out, err := k.run("exec", "imagevol", "--", "sh", "-c", "test -x /srv/img/server && echo found; touch /srv/img/x 2>&1 || true"); err != nil ||
+		!strings.Contains(out, "found") || !strings.Contains(out, "Read-only file system") {
+		t.Errorf("in the image volume: %q, %v; want the image's /server and a read-only file system", out, err)
+	}
+	proctest.WaitFor(t, "csivol's FailedMount event", 60*time.Second, func() error {
+		out := k.ok("get", "events", "--field-selector", "involvedObject.name=csivol,reason=FailedMount", "-o", "jsonpath={.items[*].message}")
+		if !strings.Contains(out, "driver name e2e.example.com not found in the list of registered CSI drivers") {
+			return fmt.Errorf("events: %q", out)
+		}
+		return nil
+	})
+	if out := k.ok("get", "pod", "csivol", "-o", "jsonpath={.status.phase}"); out != "Pending" {
+		t.Errorf("the pod with a CSI volume of no driver is %s, want Pending", out)
+	}
+	k.ok("delete", "pod", "csivol", "imagevol", "--wait", "--timeout=60s")
 }
 
 // checkInPlaceResize resizes the resize pod: its inplace container's cgroup changes under the running

@@ -76,7 +76,7 @@ func TestSetupVolumesCertificateProjections(t *testing.T) {
 		t.Fatalf("before issuance: %v; want a retryable error", err)
 	}
 	certs.key, certs.chain = []byte("KEY\n"), []byte("CHAIN\n")
-	vols, err := setupVolumes(context.Background(), pod, podDir, certs, testAllocatable)
+	vols, err := setupVolumes(context.Background(), pod, podDir, certs, testAllocatable, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,6 +25,7 @@ import (
 	"github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
+	kubeletqos "k8s.io/kubernetes/pkg/kubelet/qos"
 
 	"github.com/skiff-dev/skiff/nodeagent/containerio"
 )
@@ -392,6 +393,15 @@ func (r *containerdRuntime) specOpts(pod *corev1.Pod, c *corev1.Container, img c
 	}
 	opts = append(opts, pidNamespace(pod, sb)...)
 	opts = append(opts, resourceOpts(c)...)
+	if r.memory > 0 {
+		// The kubelet's OOM score adjustment by QoS class: -997 Guaranteed, 1000 BestEffort, and for Burstable
+		// less the larger the container's share of the node's memory.
+		adj := kubeletqos.GetContainerOOMScoreAdjust(pod, c, r.memory)
+		opts = append(opts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+			s.Process.OOMScoreAdj = &adj
+			return nil
+		})
+	}
 	sec, err := securityOpts(pod, c)
 	if err != nil {
 		return nil, err

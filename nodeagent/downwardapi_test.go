@@ -83,7 +83,7 @@ func TestDownwardAPIVolumeConformance(t *testing.T) {
 			pod = pod.DeepCopy()
 			pod.Labels["key3"] = "value3"
 			pod.Annotations["builder"] = "foo"
-			if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable); err != nil {
+			if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable, nil); err != nil {
 				t.Fatal(err)
 			}
 			if got := readVolumeFile(t, dir, "labels"); got != "key1=\"value1\"\nkey2=\"value2\"\nkey3=\"value3\"" {

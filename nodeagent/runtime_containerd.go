@@ -76,6 +76,7 @@ type containerdRuntime struct {
 	recorder    record.EventRecorder
 	resync      func(pod *corev1.Pod, after time.Duration)
 	allocatable corev1.ResourceList
+	memory      int64 // the node's memory capacity, in bytes: containers' OOM score adjustments are relative to it
 	podCIDR     string
 	dnsFacts    func() clusterDNS         // the cluster DNS for pods' resolv.conf (nil: not known)
 	services    corelisters.ServiceLister // every Service, for the pods' service links (nil: none)
@@ -147,6 +148,7 @@ func (r *containerdRuntime) Version() string { return r.version }
 func (r *containerdRuntime) attach(objects objectGetter, recorder record.EventRecorder, resync func(*corev1.Pod, time.Duration), node *corev1.Node) {
 	r.objects, r.recorder, r.resync = objects, recorder, resync
 	r.allocatable = node.Status.Allocatable
+	r.memory = node.Status.Capacity.Memory().Value()
 	r.podCIDR = node.Spec.PodCIDR
 	if r.cfg.PodCIDR != "" {
 		r.podCIDR = r.cfg.PodCIDR
@@ -477,7 +479,7 @@ func (r *containerdRuntime) SyncPod(ctx context.Context, pod *corev1.Pod) (*PodS
 		return r.state(pod, recs, nil), err
 	}
 	r.setWaiting(pod.UID, "", corev1.ContainerStateWaiting{})
-	vols, err := setupVolumes(ctx, pod, r.podDir(pod), r.objects, r.allocatable)
+	vols, err := setupVolumes(ctx, pod, r.podDir(pod), r.objects, r.allocatable, r)
 	if err != nil {
 		r.event(pod, corev1.EventTypeWarning, "FailedMount", "MountVolume.SetUp failed: %v", err)
 		return r.state(pod, recs, sb), err
@@ -762,6 +764,9 @@ func (r *containerdRuntime) KillPod(ctx context.Context, pod *corev1.Pod, grace 
 	if err := teardownVolumes(r.podDir(pod)); err != nil {
 		return err
 	}
+	if err := r.removeImageVolumes(ctx, pod.UID); err != nil {
+		return err
+	}
 	if finished(pod) {
 		// As the kubelet keeps a finished pod's dead containers: `kubectl logs` of a completed Job's pod
 		// works until the pod is deleted.
@@ -924,7 +929,7 @@ func (r *containerdRuntime) Cleanup(ctx context.Context, keep func(uid types.UID
 				errs = append(errs, err)
 				continue
 			}
-			errs = append(errs, os.RemoveAll(dir))
+			errs = append(errs, r.removeImageVolumes(ctx, uid), os.RemoveAll(dir))
 		}
 	}
 	return errors.Join(errs...)

@@ -179,7 +179,7 @@ func TestServiceAccountTokenVolume(t *testing.T) {
 
 	// Syncs before the deadline use the token they have.
 	clock.advance(40 * time.Minute)
-	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable, nil); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(objs.requested()); n != 1 || len(clock.armed()) != 1 {
@@ -197,7 +197,7 @@ func TestServiceAccountTokenVolume(t *testing.T) {
 		t.Fatalf("%d requests, timers %+v after the refresh; want 2 and a new one", n, next)
 	}
 	// The next sync keeps it.
-	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := visibleFiles(t, dir); !reflect.DeepEqual(got, files("token-2")) || len(objs.requested()) != 2 {
@@ -212,7 +212,7 @@ func TestServiceAccountTokenVolume(t *testing.T) {
 	if len(retry) != 1 || retry[0].after != tokenRetry {
 		t.Fatalf("timers %+v after a failed refresh, want one retry after %v", retry, tokenRetry)
 	}
-	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable, nil); err != nil {
 		t.Fatalf("a sync with the refresh failing and the token still valid: %v", err)
 	}
 	if got := visibleFiles(t, dir); !reflect.DeepEqual(got, files("token-2")) {

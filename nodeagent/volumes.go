@@ -44,6 +44,7 @@ const (
 	pluginSecret      = "kubernetes.io~secret"
 	pluginDownwardAPI = "kubernetes.io~downward-api"
 	pluginProjected   = "kubernetes.io~projected"
+	pluginImage       = "kubernetes.io~image"
 )
 
 // The kubelet's AtomicWriter layout: the payload lives in a timestamped directory "..<time>.<random>",
@@ -127,10 +128,10 @@ func getSecret(ctx context.Context, get objectGetter, namespace, name string, op
 //
 // allocatable is the Node's, as its status reports it: a downwardAPI item reads a container's unset cpu,
 // memory or ephemeral-storage limit as that, as the kubelet's volume plugin does (GetNodeAllocatable).
-func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objectGetter, allocatable corev1.ResourceList) (podVolumes, error) {
+func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objectGetter, allocatable corev1.ResourceList, images imageMounter) (podVolumes, error) {
 	certs := certificateSourceOf(get)
 	for i := range pod.Spec.Volumes {
-		if err := checkVolumeSupported(i, &pod.Spec.Volumes[i], certs != nil); err != nil {
+		if err := checkVolumeSupported(i, &pod.Spec.Volumes[i], certs != nil, images != nil); err != nil {
 			return nil, err
 		}
 	}
@@ -140,7 +141,7 @@ func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objec
 	}
 	claims, _ := get.(claimResolver)
 	s := &volumeSetup{ctx: ctx, pod: pod, root: root, get: newCachingGetter(get), tokens: tokenRequesterOf(get), claims: claims, certs: certs,
-		allocatable: allocatable}
+		allocatable: allocatable, images: images}
 	vols := podVolumes{}
 	var errs []error
 	for i := range pod.Spec.Volumes {
@@ -157,9 +158,14 @@ func setupVolumes(ctx context.Context, pod *corev1.Pod, podDir string, get objec
 
 // checkVolumeSupported rejects what this node cannot set up, naming the field; certificates says whether it
 // serves clusterTrustBundle and podCertificate projections (certificates.go).
-func checkVolumeSupported(i int, v *corev1.Volume, certificates bool) error {
+func checkVolumeSupported(i int, v *corev1.Volume, certificates, images bool) error {
 	src := &v.VolumeSource
 	switch {
+	case src.Image != nil && images:
+	case src.CSI != nil:
+		// As the kubelet words it when no CSI driver of that name registered on the node: this agent runs
+		// none (the API keeps such pods, and the pod waits here with a FailedMount event).
+		return notSupported("spec.volumes[%d]: csi volume %q: driver name %s not found in the list of registered CSI drivers (this node runs no CSI drivers)", i, v.Name, src.CSI.Driver)
 	case src.EmptyDir != nil:
 		if m := src.EmptyDir.Medium; m != corev1.StorageMediumDefault && m != corev1.StorageMediumMemory {
 			return notSupported("spec.volumes[%d].emptyDir.medium: %q is not supported by this node", i, m)
@@ -241,6 +247,12 @@ type volumeSetup struct {
 	// allocatable is what unset container limits read as in resourceFieldRef items: the Node's allocatable
 	// as its status reports it, as the kubelet's downward API volumes use (nil: limits are not defaulted).
 	allocatable corev1.ResourceList
+	images      imageMounter // nil when the node mounts no image volumes
+}
+
+// imageMounter mounts an OCI image's filesystem, read-only, for an image volume (imagevolume.go).
+type imageMounter interface {
+	mountImageVolume(ctx context.Context, pod *corev1.Pod, name string, src *corev1.ImageVolumeSource, target string) error
 }
 
 // tokenRequesterOf is the getter as a tokenRequester, or nil.
@@ -267,6 +279,12 @@ func (s *volumeSetup) setup(v *corev1.Volume) (string, error) {
 		return src.HostPath.Path, checkHostPath(src.HostPath)
 	case src.PersistentVolumeClaim != nil:
 		return s.setupClaim(src.PersistentVolumeClaim.ClaimName)
+	case src.Image != nil:
+		dir := filepath.Join(s.root, pluginImage, v.Name)
+		if err := os.MkdirAll(dir, 0o750); err != nil {
+			return "", err
+		}
+		return dir, s.images.mountImageVolume(s.ctx, s.pod, v.Name, src.Image, dir)
 	case src.EmptyDir != nil:
 		return s.setupEmptyDir(v.Name, src.EmptyDir)
 	case src.ConfigMap != nil:
@@ -1109,7 +1127,7 @@ func readOnlyVolume(hostPath string) bool {
 		return false
 	}
 	switch filepath.Base(plugin) {
-	case pluginConfigMap, pluginSecret, pluginDownwardAPI, pluginProjected:
+	case pluginConfigMap, pluginSecret, pluginDownwardAPI, pluginProjected, pluginImage:
 		return true
 	}
 	return false

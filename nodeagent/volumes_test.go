@@ -103,7 +103,7 @@ func setupT(t *testing.T, pod *corev1.Pod, podDir string, get objectGetter) (pod
 			t.Errorf("teardownVolumes: %v", err)
 		}
 	})
-	return setupVolumes(context.Background(), pod, podDir, get, testAllocatable)
+	return setupVolumes(context.Background(), pod, podDir, get, testAllocatable, nil)
 }
 
 func requireRoot(t *testing.T) {
@@ -196,7 +196,7 @@ func TestSetupVolumesEmptyDir(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "kept"), []byte("x"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable, nil); err != nil {
 		t.Fatal(err)
 	}
 	if readVolumeFile(t, dir, "kept") != "x" {
@@ -237,7 +237,7 @@ func TestSetupVolumesMemoryEmptyDirIsTmpfs(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Idempotent: no second tmpfs over the first.
-	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable, nil); err != nil {
 		t.Fatal(err)
 	}
 	if mounts, _ := mountPointsUnder(dir); len(mounts) != 1 {
@@ -417,7 +417,7 @@ func TestSetupVolumesFSGroup(t *testing.T) {
 	}
 	// Unchanged payload with fsGroup: nothing is rewritten.
 	before, _ := os.Readlink(filepath.Join(vols["s"], "..data"))
-	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable, nil); err != nil {
 		t.Fatal(err)
 	}
 	if after, _ := os.Readlink(filepath.Join(vols["s"], "..data")); after != before {
@@ -439,7 +439,7 @@ func TestVolumeAtomicUpdate(t *testing.T) {
 	first, _ := os.Readlink(filepath.Join(dir, "..data"))
 
 	// Unchanged: nothing is written.
-	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable, nil); err != nil {
 		t.Fatal(err)
 	}
 	if again, _ := os.Readlink(filepath.Join(dir, "..data")); again != first {
@@ -454,7 +454,7 @@ func TestVolumeAtomicUpdate(t *testing.T) {
 	defer old.Close()
 
 	objs.addConfigMap("ns", "cfg", map[string]string{"keep": "1", "change": "new", "added": "hi"}, nil)
-	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable, nil); err != nil {
 		t.Fatal(err)
 	}
 	want := map[string]string{"keep": "-rw-r--r-- 1", "change": "-rw-r--r-- new", "added": "-rw-r--r-- hi"}
@@ -484,7 +484,7 @@ func TestVolumeAtomicUpdate(t *testing.T) {
 	// The source turns optional and disappears: the volume empties.
 	pod.Spec.Volumes[0].ConfigMap.Optional = ptr(true)
 	delete(objs.configMaps, "ns/cfg")
-	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, objs, testAllocatable, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := visibleFiles(t, dir); len(got) != 0 {
@@ -526,7 +526,7 @@ func TestSetupVolumesDownwardAPI(t *testing.T) {
 		t.Fatalf("files %q, want %q", got, want)
 	}
 	pod.Labels["app"] = "api"
-	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := readVolumeFile(t, dir, "labels"); got != "app=\"api\"\ntier=\"front\"" {
@@ -578,7 +578,9 @@ func TestSetupVolumesUnsupported(t *testing.T) {
 		wantErr string
 	}{
 		{"csi", corev1.VolumeSource{CSI: &corev1.CSIVolumeSource{Driver: "example.com/disk"}},
-			"spec.volumes[2]: csi volumes are not supported by this node"},
+			`spec.volumes[2]: csi volume "c": driver name example.com/disk not found in the list of registered CSI drivers (this node runs no CSI drivers)`},
+		{"image, on a node without a container runtime", corev1.VolumeSource{Image: &corev1.ImageVolumeSource{Reference: "busybox"}},
+			"spec.volumes[2]: image volumes are not supported by this node"},
 		{"nfs", corev1.VolumeSource{NFS: &corev1.NFSVolumeSource{Server: "s", Path: "/"}},
 			"spec.volumes[2]: nfs volumes are not supported by this node"},
 		{"hugepages", corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{Medium: corev1.StorageMediumHugePages}},
@@ -694,7 +696,7 @@ func TestHostPathVolume(t *testing.T) {
 	// Teardown leaves the host's paths alone.
 	podDir := t.TempDir()
 	pod := testPod(corev1.Volume{Name: "h", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: dir}}})
-	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable); err != nil {
+	if _, err := setupVolumes(context.Background(), pod, podDir, newFakeObjects(), testAllocatable, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := teardownVolumes(podDir); err != nil {
