@@ -94,11 +94,8 @@ func (s resizeStrategy) ValidateUpdate(ctx context.Context, obj, old runtime.Obj
 			return append(errs, field.Forbidden(spec.Child("resources"), "pods with pod-level resources cannot be resized: Skiff's agents do not resize a pod's own cgroup"))
 		}
 	}
-	if !sameNames(pod.Spec.Containers, oldPod.Spec.Containers) {
-		return append(errs, field.Forbidden(spec.Child("containers"), "containers may not be added, removed, renamed or reordered on resize"))
-	}
-	if !sameNames(pod.Spec.InitContainers, oldPod.Spec.InitContainers) {
-		return append(errs, field.Forbidden(spec.Child("initContainers"), "initContainers may not be added, removed, renamed or reordered on resize"))
+	if ordering := resizeOrdering(spec, pod, oldPod); len(ordering) > 0 {
+		return append(errs, ordering...)
 	}
 	for _, group := range []struct {
 		name     string
@@ -127,6 +124,27 @@ func (s resizeStrategy) ValidateUpdate(ctx context.Context, obj, old runtime.Obj
 						errs = append(errs, field.Forbidden(p, "non-sidecar init containers with a resize policy of RestartContainer cannot be resized"))
 					}
 				}
+			}
+		}
+	}
+	return errs
+}
+
+// resizeOrdering is kube-apiserver's refusal, with its messages, of containers added, removed, renamed or
+// reordered by a resize.
+func resizeOrdering(spec *field.Path, pod, oldPod *corev1.Pod) field.ErrorList {
+	var errs field.ErrorList
+	for _, group := range []struct {
+		name     string
+		cur, old []corev1.Container
+	}{{"containers", pod.Spec.Containers, oldPod.Spec.Containers}, {"initContainers", pod.Spec.InitContainers, oldPod.Spec.InitContainers}} {
+		if len(group.cur) != len(group.old) {
+			errs = append(errs, field.Forbidden(spec.Child(group.name), group.name+" may not be added or removed on resize"))
+			continue
+		}
+		for i := range group.old {
+			if group.cur[i].Name != group.old[i].Name {
+				errs = append(errs, field.Forbidden(spec.Child(group.name).Index(i).Child("name"), group.name+" may not be renamed or reordered on resize"))
 			}
 		}
 	}

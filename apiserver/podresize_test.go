@@ -75,15 +75,22 @@ func TestPodResizeSubresource(t *testing.T) {
 
 	for _, tc := range []struct {
 		name, patch, field, message string
+		json                        bool
 	}{
-		{"QoS class changes", `{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"300m","memory":"96Mi"}}},{"name":"limits-only","resources":{"limits":{"memory":"10Mi"}}}]}}`, "spec", "Pod QOS Class may not change as a result of resizing"},
-		{"limit removed", `{"spec":{"containers":[{"name":"app","resources":{"limits":{"memory":null}}}]}}`, "spec.containers[0].resources.limits", "resource limits cannot be removed"},
-		{"another resource", `{"spec":{"containers":[{"name":"app","resources":{"limits":{"ephemeral-storage":"2Gi"}}}]}}`, "spec.containers[0]", "only cpu and memory resources are mutable"},
-		{"a resize policy", `{"spec":{"containers":[{"name":"app","resizePolicy":[{"resourceName":"memory","restartPolicy":"RestartContainer"}]}]}}`, "spec.containers[0]", "only cpu and memory resources are mutable"},
-		{"requests over limits", `{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"400m"}}}]}}`, "spec.containers[0].resources.requests[cpu]", "must be less than or equal to cpu limit"},
-		{"pod-level resources", `{"spec":{"resources":{"limits":{"cpu":"1"}}}}`, "spec.resources", "cannot be resized"},
+		{"a container renamed", `[{"op":"replace","path":"/spec/containers/0/name","value":"renamed"}]`, "spec.containers[0].name", "containers may not be renamed or reordered on resize", true},
+		{"a container added", `[{"op":"add","path":"/spec/containers/-","value":{"name":"more","image":"busybox"}}]`, "spec.containers", "containers may not be added or removed on resize", true},
+		{"QoS class changes", `{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"300m","memory":"96Mi"}}},{"name":"limits-only","resources":{"limits":{"memory":"10Mi"}}}]}}`, "spec", "Pod QOS Class may not change as a result of resizing", false},
+		{"limit removed", `{"spec":{"containers":[{"name":"app","resources":{"limits":{"memory":null}}}]}}`, "spec.containers[0].resources.limits", "resource limits cannot be removed", false},
+		{"another resource", `{"spec":{"containers":[{"name":"app","resources":{"limits":{"ephemeral-storage":"2Gi"}}}]}}`, "spec.containers[0]", "only cpu and memory resources are mutable", false},
+		{"a resize policy", `{"spec":{"containers":[{"name":"app","resizePolicy":[{"resourceName":"memory","restartPolicy":"RestartContainer"}]}]}}`, "spec.containers[0]", "only cpu and memory resources are mutable", false},
+		{"requests over limits", `{"spec":{"containers":[{"name":"app","resources":{"requests":{"cpu":"400m"}}}]}}`, "spec.containers[0].resources.requests[cpu]", "must be less than or equal to cpu limit", false},
+		{"pod-level resources", `{"spec":{"resources":{"limits":{"cpu":"1"}}}}`, "spec.resources", "cannot be resized", false},
 	} {
-		_, err := pods.Patch(ctx, "r", types.StrategicMergePatchType, []byte(tc.patch), metav1.PatchOptions{}, "resize")
+		kind := types.StrategicMergePatchType
+		if tc.json {
+			kind = types.JSONPatchType
+		}
+		_, err := pods.Patch(ctx, "r", kind, []byte(tc.patch), metav1.PatchOptions{}, "resize")
 		status, ok := err.(apierrors.APIStatus)
 		if !ok || status.Status().Code != http.StatusUnprocessableEntity {
 			t.Errorf("%s: %v, want 422", tc.name, err)
