@@ -80,6 +80,7 @@ spec:
   containers:
   - name: c
     image: %[1]s
+    imagePullPolicy: Always # pulled from the cluster's registry, which serves --images (localcluster/registry.go)
 `, image))
 
 	t.Run("the pod's spec", func(t *testing.T) {
@@ -103,6 +104,10 @@ spec:
 			}
 			return nil
 		})
+	}
+
+	if out := k.ok("get", "events", "-n", "sa-e2e", "--field-selector", "involvedObject.name=no-token,reason=Pulled", "-o", "jsonpath={.items[*].message}"); !strings.Contains(out, "Successfully pulled image") {
+		t.Errorf("no-token (imagePullPolicy: Always) was not pulled from the cluster's registry: events %q", out)
 	}
 
 	t.Run("what is mounted", func(t *testing.T) {

@@ -88,6 +88,8 @@ type Host struct {
 	Config string `json:"config"`
 	Log    string `json:"log"`
 	PID    int    `json:"pid"`
+	// Images is the directory of image tarballs the registry host serves (registry.go).
+	Images string `json:"images,omitempty"`
 }
 
 // State is what `up` made, saved in <dir>/state.json for `down` and `status`.
@@ -277,10 +279,27 @@ func Up(ctx context.Context, opts Options) (*State, error) {
 			return fail(err)
 		}
 	}
+	var mirrored []string
+	withRegistry := len(tarballs) > 0 && opts.AgentRuntime == "containerd"
+	if withRegistry {
+		if mirrored, err = mirroredRegistries(tarballs); err != nil {
+			return fail(err)
+		}
+	}
 	var serverIPs []string
-	for i := 0; i < opts.Servers+opts.Agents; i++ {
+	hosts := opts.Servers + opts.Agents
+	if withRegistry {
+		hosts++
+	}
+	for i := 0; i < hosts; i++ {
 		h := Host{Role: "server", Name: fmt.Sprintf("server-%d", i+1)}
-		if i >= opts.Servers {
+		switch {
+		case i >= opts.Servers+opts.Agents:
+			h.Role, h.Name = "registry", "registry"
+			if h.Images, err = filepath.Abs(opts.Images); err != nil {
+				return fail(err)
+			}
+		case i >= opts.Servers:
 			h.Role, h.Name = "agent", fmt.Sprintf("agent-%d", i-opts.Servers+1)
 		}
 		h.Netns = fmt.Sprintf("skl-%s-%s", st.ID, h.Name)
@@ -301,7 +320,10 @@ func Up(ctx context.Context, opts Options) (*State, error) {
 	}
 	for i := range st.Hosts {
 		h := &st.Hosts[i]
-		if err := os.WriteFile(h.Config, []byte(hostHCL(st, h, dir, serverIPs, opts)), 0o600); err != nil {
+		if h.Role == "registry" {
+			continue
+		}
+		if err := os.WriteFile(h.Config, []byte(hostHCL(st, h, dir, serverIPs, mirrored, opts)), 0o600); err != nil {
 			return fail(err)
 		}
 		if h.Role == "agent" && opts.AgentRuntime == "containerd" {
@@ -317,7 +339,15 @@ func Up(ctx context.Context, opts Options) (*State, error) {
 			}
 		}
 	}
-	// Agents first: they must find the servers by retrying, whatever the order.
+	// The registry first, so that the agents find every image in it; then agents: they must find the
+	// servers by retrying, whatever the order.
+	for i := range st.Hosts {
+		if h := &st.Hosts[i]; h.Role == "registry" {
+			if err := startRegistry(ctx, st, h, dir); err != nil {
+				return fail(err)
+			}
+		}
+	}
 	for _, role := range []string{"agent", "server"} {
 		for i := range st.Hosts {
 			if h := &st.Hosts[i]; h.Role == role {
@@ -442,7 +472,7 @@ func makeHost(st *State, h *Host) error {
 }
 
 // hostHCL is a host's configuration file.
-func hostHCL(st *State, h *Host, dir string, serverIPs []string, opts Options) string {
+func hostHCL(st *State, h *Host, dir string, serverIPs, mirrored []string, opts Options) string {
 	quoted := func(ips []string) string {
 		var q []string
 		for _, ip := range ips {
@@ -485,9 +515,24 @@ agent {
   retry_join     = [%s]
   retry_interval = "1s"
   token          = %q
-  runtime        = %q
+  runtime        = %q%s
 }
-`, h.Name, h.Netns, h.Name, dataDir, h.IP, st.GossipKey, quoted(serverIPs[:1]), st.Token, opts.AgentRuntime)
+`, h.Name, h.Netns, h.Name, dataDir, h.IP, st.GossipKey, quoted(serverIPs[:1]), st.Token, opts.AgentRuntime, registryBlocks(st, mirrored))
+}
+
+// registryBlocks are an agent's `registry` blocks: the cluster's registry first for each registry its images
+// are named after, then that registry itself.
+func registryBlocks(st *State, mirrored []string) string {
+	reg, ok := st.Host("registry")
+	if !ok {
+		return ""
+	}
+	var b strings.Builder
+	for _, host := range mirrored {
+		fmt.Fprintf(&b, "\n  # The cluster's registry (--images) serves this registry's images, and the registry itself the rest.\n"+
+			"  registry %q {\n    endpoints = [\"http://%s:%d\", %q]\n  }", host, reg.IP, registryPort, host)
+	}
+	return b.String()
 }
 
 // start runs the host's process in its namespace, in a session of its own so it outlives `skiff local up`.
@@ -498,6 +543,10 @@ func start(st *State, h *Host) error {
 	}
 	defer logFile.Close()
 	argv := h.inNetns(st.Binary, h.Role, "-config", h.Config)
+	if h.Role == "registry" {
+		argv = h.inNetns(st.Binary, "local", "registry", "--images", h.Images, "--listen", fmt.Sprintf("%s:%d", h.IP, registryPort),
+			"--ready", RegistryReadyFile(filepath.Dir(h.Log)))
+	}
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
@@ -507,6 +556,27 @@ func start(st *State, h *Host) error {
 	h.PID = cmd.Process.Pid
 	go func() { _ = cmd.Wait() }() // reaped if it dies while this process lives
 	return nil
+}
+
+// startRegistry starts the registry host's process and waits until it holds every image.
+func startRegistry(ctx context.Context, st *State, h *Host, dir string) error {
+	_ = os.Remove(RegistryReadyFile(dir))
+	if err := start(st, h); err != nil {
+		return fmt.Errorf("starting the registry: %w", err)
+	}
+	for {
+		if _, err := os.Stat(RegistryReadyFile(dir)); err == nil {
+			return nil
+		}
+		if !alive(h.PID) {
+			return fmt.Errorf("the registry exited (see %s)", h.Log)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for the registry to hold the images: %w (see %s)", ctx.Err(), h.Log)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // Start starts a stopped host again (after Kill, say).

@@ -5,7 +5,9 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
 	"strings"
+	"syscall"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -28,7 +30,9 @@ func runLocal(args []string) int {
 	servers := fs.Int("servers", 3, "servers (up)")
 	agents := fs.Int("agents", 2, "node agents (up)")
 	runtime := fs.String("runtime", "containerd", "the agents' runtime: containerd or simulated (up)")
-	imageDir := fs.String("images", "", "a directory of image tarballs (*.tar) every agent imports at start, to run offline (up)")
+	imageDir := fs.String("images", "", "a directory of image tarballs (*.tar) every agent imports at start, to run offline, and the cluster's registry serves (up)")
+	listen := fs.String("listen", "", "the address the cluster's registry listens on (registry: started by up)")
+	ready := fs.String("ready", "", "the file the registry writes once it holds every image (registry)")
 	if err := fs.Parse(args[1:]); err != nil {
 		return 2
 	}
@@ -71,6 +75,15 @@ func runLocal(args []string) int {
 		return 0
 	case "kill", "start", "partition", "heal":
 		return localHostAction(args[0], mustAbs(*dir), fs.Args())
+	case "registry":
+		// The cluster's registry host, which `up` starts in its namespace (localcluster/registry.go).
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		if err := localcluster.ServeRegistry(ctx, *imageDir, *listen, *ready); err != nil {
+			fmt.Fprintf(os.Stderr, "skiff local registry: %v\n", err)
+			return 1
+		}
+		return 0
 	}
 	fmt.Fprintf(os.Stderr, "skiff local: unknown subcommand %q\n", args[0])
 	return 2
