@@ -2,9 +2,11 @@ package apiserver_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -12,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/skiff-dev/skiff/internal/proctest"
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
@@ -104,6 +107,20 @@ func TestPodResizeSubresource(t *testing.T) {
 			t.Errorf("%s: %v, want %s: %s", tc.name, err, tc.field, tc.message)
 		}
 	}
+
+	// A LimitRange bounds a resize as it bounds a new pod.
+	if _, err := shared.Client.CoreV1().LimitRanges(ns).Create(ctx, &corev1.LimitRange{ObjectMeta: metav1.ObjectMeta{Name: "max"},
+		Spec: corev1.LimitRangeSpec{Limits: []corev1.LimitRangeItem{{Type: corev1.LimitTypeContainer, Max: corev1.ResourceList{corev1.ResourceCPU: q("500m")}}}}},
+		metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	proctest.WaitFor(t, "the LimitRange to bound a resize", 30*time.Second, func() error {
+		_, err := pods.Patch(ctx, "r", types.StrategicMergePatchType, []byte(`{"spec":{"containers":[{"name":"app","resources":{"limits":{"cpu":"600m"}}}]}}`), metav1.PatchOptions{}, "resize")
+		if !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "maximum cpu usage per Container is 500m") {
+			return fmt.Errorf("a resize over the LimitRange's max: %v", err)
+		}
+		return nil
+	})
 
 	// The main endpoint leaves resources alone.
 	cur, err := pods.Get(ctx, "r", metav1.GetOptions{})

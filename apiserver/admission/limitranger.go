@@ -106,8 +106,15 @@ func (l *limitRanger) limitItems(ctx context.Context, namespace string, typ core
 	return items, nil
 }
 
+// podResources tells whether a request sets a pod's resources: its creation, or a resize (pods/resize),
+// which kube's LimitRanger defaults and checks as it does a new pod.
+func podResources(a admission.Attributes) bool {
+	return a.GetResource().GroupResource() == podsResource &&
+		((a.GetOperation() == admission.Create && a.GetSubresource() == "") || (a.GetOperation() == admission.Update && a.GetSubresource() == "resize"))
+}
+
 func (l *limitRanger) Admit(ctx context.Context, a admission.Attributes, _ admission.ObjectInterfaces) error {
-	if a.GetOperation() != admission.Create || a.GetSubresource() != "" || a.GetResource().GroupResource() != podsResource {
+	if !podResources(a) {
 		return nil
 	}
 	pod, ok := a.GetObject().(*corev1.Pod)
@@ -178,13 +185,13 @@ func applyContainerDefaults(c *corev1.Container, item corev1.LimitRangeItem) []s
 }
 
 func (l *limitRanger) Validate(ctx context.Context, a admission.Attributes, _ admission.ObjectInterfaces) error {
-	if a.GetSubresource() != "" {
+	if a.GetSubresource() != "" && !podResources(a) {
 		return nil
 	}
 	var errs []error
 	switch obj := a.GetObject().(type) {
 	case *corev1.Pod:
-		if a.GetOperation() != admission.Create {
+		if !podResources(a) {
 			return nil
 		}
 		items, err := l.limitItems(ctx, a.GetNamespace(), corev1.LimitTypeContainer)
