@@ -83,6 +83,18 @@ spec:
 ---
 apiVersion: v1
 kind: Pod
+metadata: {name: guaranteed}
+spec:
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: app
+    image: %[1]s
+    command: ["sleep", "3608"]
+    resources:
+      limits: {cpu: 100m, memory: 64Mi}
+---
+apiVersion: v1
+kind: Pod
 metadata: {name: resize}
 spec:
   terminationGracePeriodSeconds: 1
@@ -154,7 +166,7 @@ func TestRealPodSpecNodeRules(t *testing.T) {
 	if got := strings.TrimSpace(k.ok("exec", "side", "-c", "app", "--", "cat", "/proc/1/cmdline")); !strings.HasPrefix(got, "sleep") {
 		t.Errorf("PID 1 of a container of its own: %q, want its sleep", got)
 	}
-	for _, pod := range []string{"shared-pid", "host-pid-ipc"} {
+	for _, pod := range []string{"shared-pid", "host-pid-ipc", "guaranteed"} {
 		proctest.WaitFor(t, pod+" Running", 120*time.Second, func() error {
 			if out := k.ok("get", "pod", pod, "-o", "jsonpath={.status.phase}"); out != "Running" {
 				return fmt.Errorf("not yet: %s", out)
@@ -179,6 +191,15 @@ func TestRealPodSpecNodeRules(t *testing.T) {
 		if got := strings.TrimSpace(k.ok("exec", "side", "-c", "app", "--", "readlink", "/proc/self/ns/"+ns)); got == host {
 			t.Errorf("%s namespace of a pod without hostPID/hostIPC is the node's", ns)
 		}
+	}
+
+	// The kubelet's OOM score adjustments: 1000 for a BestEffort container; the lowest the agent may give for a
+	// Guaranteed one (-997, or the agent's own where it lacks CAP_SYS_RESOURCE, as in some sandboxes).
+	if got := strings.TrimSpace(k.ok("exec", "side", "-c", "app", "--", "cat", "/proc/1/oom_score_adj")); got != "1000" {
+		t.Errorf("oom_score_adj of a BestEffort container: %s, want 1000", got)
+	}
+	if got := strings.TrimSpace(k.ok("exec", "guaranteed", "--", "cat", "/proc/1/oom_score_adj")); got != "-997" && got != "0" {
+		t.Errorf("oom_score_adj of a Guaranteed container: %s, want -997 (or 0, the agent's own, without CAP_SYS_RESOURCE)", got)
 	}
 
 	// An unsafe sysctl: refused by the node, nothing started.

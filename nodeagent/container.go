@@ -397,6 +397,9 @@ func (r *containerdRuntime) specOpts(pod *corev1.Pod, c *corev1.Container, img c
 		// The kubelet's OOM score adjustment by QoS class: -997 Guaranteed, 1000 BestEffort, and for Burstable
 		// less the larger the container's share of the node's memory.
 		adj := kubeletqos.GetContainerOOMScoreAdjust(pod, c, r.memory)
+		if floor, restricted := oomScoreFloor(); restricted && adj < floor {
+			adj = floor // runc could not lower it: the container would not start
+		}
 		opts = append(opts, func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
 			s.Process.OOMScoreAdj = &adj
 			return nil
@@ -421,6 +424,30 @@ func withCgroupMount(_ context.Context, _ oci.Client, _ *containers.Container, s
 		Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}})
 	return nil
 }
+
+// oomScoreFloor is the lowest OOM score adjustment a container may get when the agent lacks CAP_SYS_RESOURCE
+// (a restricted sandbox, a user namespace): its own, as containerd's restrict_oom_score_adj clamps it, since
+// the kernel lets no process go below its own without that capability.
+var oomScoreFloor = sync.OnceValues(func() (int, bool) {
+	const capSysResource = 24
+	status, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if hex, ok := strings.CutPrefix(line, "CapEff:"); ok {
+			if caps, err := strconv.ParseUint(strings.TrimSpace(hex), 16, 64); err == nil && caps&(1<<capSysResource) != 0 {
+				return 0, false
+			}
+		}
+	}
+	own, err := os.ReadFile("/proc/self/oom_score_adj")
+	if err != nil {
+		return 0, false
+	}
+	floor, err := strconv.Atoi(strings.TrimSpace(string(own)))
+	return floor, err == nil
+})
 
 // cgroupV2 tells whether the node's /sys/fs/cgroup is the unified (v2) hierarchy.
 var cgroupV2 = sync.OnceValue(func() bool {
