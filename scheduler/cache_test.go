@@ -4,6 +4,8 @@ import (
 	"slices"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -79,5 +81,23 @@ func TestCacheLabelIndex(t *testing.T) {
 	c.RemovePod(relabelled.Pod.UID)
 	if len(c.byLabel) != 0 {
 		t.Errorf("index not empty after every pod left: %v", c.byLabel)
+	}
+}
+
+// TestPodInfoDuringResize: a pod whose resize is pending or under way counts with the larger of its spec's
+// requests and what its node allocated, as kube-scheduler counts it.
+func TestPodInfoDuringResize(t *testing.T) {
+	for _, tc := range []struct {
+		spec, allocated string
+		want            int64
+	}{{"100m", "500m", 500}, {"800m", "500m", 800}, {"300m", "", 300}} {
+		p := makePod("r", tc.spec, "", nil)
+		p.Spec.NodeName = "n1"
+		if tc.allocated != "" {
+			p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "app", AllocatedResources: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(tc.allocated)}}}
+		}
+		if got := NewPodInfo(p).Requests.MilliCPU; got != tc.want {
+			t.Errorf("spec %s, allocated %q: %dm counted, want %dm", tc.spec, tc.allocated, got, tc.want)
+		}
 	}
 }

@@ -116,12 +116,15 @@ type PodInfo struct {
 }
 
 // NewPodInfo computes a pod's requests (the Kubernetes rule: the larger of the largest init container and
-// the sum of the app containers, sidecars included, plus overhead), host ports and affinity terms.
+// the sum of the app containers, sidecars included, plus overhead), host ports and affinity terms. A pod being
+// resized in place counts with the larger of what its spec asks and what its node gave it
+// (status.containerStatuses[].allocatedResources), as kube-scheduler counts it.
 func NewPodInfo(pod *corev1.Pod) *PodInfo {
 	p := &PodInfo{
-		Pod:             pod,
-		Requests:        resourceFromList(resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{})),
-		NonZeroRequests: resourceFromList(resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{NonMissingContainerRequests: nonZeroDefaults})),
+		Pod:      pod,
+		Requests: resourceFromList(resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{UseStatusResources: true})),
+		NonZeroRequests: resourceFromList(resourcehelper.PodRequests(pod, resourcehelper.PodResourcesOptions{UseStatusResources: true,
+			NonMissingContainerRequests: nonZeroDefaults})),
 	}
 	// Host ports of app containers and of sidecars (restartable init containers); ordinary init containers
 	// have exited before the app starts, so theirs are free again.
