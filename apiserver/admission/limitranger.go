@@ -267,13 +267,13 @@ func checkLimits(item corev1.LimitRangeItem, typ corev1.LimitType, requests, lim
 		min := item.Min[name]
 		req, hasReq := requests[name]
 		lim, hasLim := limits[name]
+		// One error per resource and bound, the first that applies, as kube's LimitRanger words it.
 		switch {
 		case !hasReq:
 			errs = append(errs, fmt.Errorf("minimum %s usage per %s is %s.  No request is specified", name, typ, min.String()))
 		case req.Cmp(min) < 0:
 			errs = append(errs, fmt.Errorf("minimum %s usage per %s is %s, but request is %s", name, typ, min.String(), req.String()))
-		}
-		if hasLim && lim.Cmp(min) < 0 {
+		case hasLim && lim.Cmp(min) < 0:
 			errs = append(errs, fmt.Errorf("minimum %s usage per %s is %s, but limit is %s", name, typ, min.String(), lim.String()))
 		}
 	}
@@ -286,8 +286,7 @@ func checkLimits(item corev1.LimitRangeItem, typ corev1.LimitType, requests, lim
 			errs = append(errs, fmt.Errorf("maximum %s usage per %s is %s.  No limit is specified", name, typ, max.String()))
 		case lim.Cmp(max) > 0:
 			errs = append(errs, fmt.Errorf("maximum %s usage per %s is %s, but limit is %s", name, typ, max.String(), lim.String()))
-		}
-		if hasReq && req.Cmp(max) > 0 {
+		case hasReq && req.Cmp(max) > 0:
 			errs = append(errs, fmt.Errorf("maximum %s usage per %s is %s, but request is %s", name, typ, max.String(), req.String()))
 		}
 	}
