@@ -195,19 +195,9 @@ func isRestartable(c *corev1.Container) bool {
 }
 
 // GetResetFields: a resize never changes the status or the metadata.
-func (s resizeStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {
-	return map[fieldpath.APIVersion]*fieldpath.Set{
-		"v1": fieldpath.NewSet(fieldpath.MakePathOrDie("status"), fieldpath.MakePathOrDie("metadata")),
-	}
-}
+func (s resizeStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set { return statusAndMetadata() }
 
 // resizeREST serves pods/resize: GET reads the pod, PUT and PATCH resize it.
 func resizeREST(store *genericregistry.Store) rest.Storage {
-	e := *store
-	e.CreateStrategy = nil
-	e.DeleteStrategy = nil
-	st := resizeStrategy{store.UpdateStrategy.(strategy)}
-	e.UpdateStrategy = st
-	e.ResetFieldsStrategy = st
-	return &statusREST{store: &e}
+	return podSpecREST(store, resizeStrategy{store.UpdateStrategy.(strategy)})
 }

@@ -215,20 +215,33 @@ func validateNewEphemeral(p *field.Path, c *corev1.EphemeralContainer, pod *core
 	return errs
 }
 
-func (s ephemeralStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {
+// GetResetFields: adding an ephemeral container never changes the status or the metadata.
+func (s ephemeralStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set { return statusAndMetadata() }
+
+func statusAndMetadata() map[fieldpath.APIVersion]*fieldpath.Set {
 	return map[fieldpath.APIVersion]*fieldpath.Set{
 		"v1": fieldpath.NewSet(fieldpath.MakePathOrDie("status"), fieldpath.MakePathOrDie("metadata")),
 	}
 }
 
-func ephemeralContainersREST(store *genericregistry.Store) rest.Storage {
+// podSpecStrategy is the strategy of a subresource that changes one part of a pod's spec.
+type podSpecStrategy interface {
+	rest.RESTUpdateStrategy
+	rest.ResetFieldsStrategy
+}
+
+// podSpecREST serves such a subresource: GET reads the pod, PUT and PATCH change it through st.
+func podSpecREST(store *genericregistry.Store, st podSpecStrategy) rest.Storage {
 	e := *store
 	e.CreateStrategy = nil
 	e.DeleteStrategy = nil
-	st := ephemeralStrategy{store.UpdateStrategy.(strategy)}
 	e.UpdateStrategy = st
 	e.ResetFieldsStrategy = st
 	return &statusREST{store: &e}
+}
+
+func ephemeralContainersREST(store *genericregistry.Store) rest.Storage {
+	return podSpecREST(store, ephemeralStrategy{store.UpdateStrategy.(strategy)})
 }
 
 var podSubresources = []subresource{
