@@ -195,7 +195,9 @@ func isRestartable(c *corev1.Container) bool {
 }
 
 // GetResetFields: a resize never changes the status or the metadata.
-func (s resizeStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set { return statusAndMetadata() }
+func (s resizeStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {
+	return statusAndMetadata()
+}
 
 // resizeREST serves pods/resize: GET reads the pod, PUT and PATCH resize it.
 func resizeREST(store *genericregistry.Store) rest.Storage {

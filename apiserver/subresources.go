@@ -216,7 +216,9 @@ func validateNewEphemeral(p *field.Path, c *corev1.EphemeralContainer, pod *core
 }
 
 // GetResetFields: adding an ephemeral container never changes the status or the metadata.
-func (s ephemeralStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set { return statusAndMetadata() }
+func (s ephemeralStrategy) GetResetFields() map[fieldpath.APIVersion]*fieldpath.Set {
+	return statusAndMetadata()
+}
 
 func statusAndMetadata() map[fieldpath.APIVersion]*fieldpath.Set {
 	return map[fieldpath.APIVersion]*fieldpath.Set{
