@@ -119,7 +119,7 @@ func (r *containerdRuntime) allocateResize(pod *corev1.Pod, recs *podRecords) (*
 			}
 		}
 	}
-	r.eventOnce(pod, fmt.Sprintf("resize/%s/%d/%s", pod.UID, pod.Generation, reason), corev1.EventTypeWarning, "ResizePending"+reason, "Pod resize %s: %s", strings.ToLower(reason), message)
+	r.eventOnce(pod, fmt.Sprintf("%s/resize/%d/%s", pod.UID, pod.Generation, reason), corev1.EventTypeWarning, "Resize"+reason, "Pod resize %s: %s", strings.ToLower(reason), message)
 	r.resync(pod, resizeRetry)
 	return allocated, &ResizeState{Pending: true, Reason: reason, Message: message}
 }
@@ -185,8 +185,10 @@ func (r *containerdRuntime) actuateResizes(ctx context.Context, pod *corev1.Pod,
 		resized = append(resized, c.Name)
 	}
 	if len(failed) > 0 {
+		msg := strings.Join(failed, "; ")
+		r.eventOnce(pod, fmt.Sprintf("%s/resize/%d/error", pod.UID, pod.Generation), corev1.EventTypeWarning, "ResizeError", "Pod resize error: %s", msg)
 		r.resync(pod, resizeRetry)
-		return &ResizeState{Reason: corev1.PodReasonError, Message: strings.Join(failed, "; ")}
+		return &ResizeState{Reason: corev1.PodReasonError, Message: msg}
 	}
 	if len(resized) > 0 {
 		r.event(pod, corev1.EventTypeNormal, "ResizeCompleted", "Pod resize completed: containers %s", strings.Join(resized, ", "))
