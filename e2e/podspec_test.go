@@ -153,17 +153,17 @@ func TestRealPodSpecNodeRules(t *testing.T) {
 		}
 		return nil
 	})
-	if got := strings.TrimSpace(k.ok("exec", "side", "-c", "app", "--", "cat", "/proc/sys/kernel/shm_rmid_forced")); got != "1" {
+	if got := strings.TrimSpace(k.stdout("exec", "side", "-c", "app", "--", "cat", "/proc/sys/kernel/shm_rmid_forced")); got != "1" {
 		t.Errorf("kernel.shm_rmid_forced in the app container = %q, want 1", got)
 	}
-	if got := strings.Join(strings.Fields(k.ok("exec", "side", "-c", "app", "--", "cat", "/proc/sys/net/ipv4/ip_local_port_range")), " "); got != "20000 30000" {
+	if got := strings.Join(strings.Fields(k.stdout("exec", "side", "-c", "app", "--", "cat", "/proc/sys/net/ipv4/ip_local_port_range")), " "); got != "20000 30000" {
 		t.Errorf("net.ipv4.ip_local_port_range in the app container = %q, want 20000 30000", got)
 	}
 
 	// Process and IPC namespaces: a container of its own by default (its command is PID 1); the sandbox's, with
 	// the pause process as PID 1 and the other container's processes in sight, with shareProcessNamespace;
 	// the node's with hostPID and hostIPC.
-	if got := strings.TrimSpace(k.ok("exec", "side", "-c", "app", "--", "cat", "/proc/1/cmdline")); !strings.HasPrefix(got, "sleep") {
+	if got := strings.TrimSpace(k.stdout("exec", "side", "-c", "app", "--", "cat", "/proc/1/cmdline")); !strings.HasPrefix(got, "sleep") {
 		t.Errorf("PID 1 of a container of its own: %q, want its sleep", got)
 	}
 	for _, pod := range []string{"shared-pid", "host-pid-ipc", "guaranteed"} {
@@ -174,10 +174,10 @@ func TestRealPodSpecNodeRules(t *testing.T) {
 			return nil
 		})
 	}
-	if got := k.ok("exec", "shared-pid", "-c", "viewer", "--", "cat", "/proc/1/cmdline"); !strings.Contains(got, "pause") {
+	if got := k.stdout("exec", "shared-pid", "-c", "viewer", "--", "cat", "/proc/1/cmdline"); !strings.Contains(got, "pause") {
 		t.Errorf("PID 1 with shareProcessNamespace: %q, want the pause process", got)
 	}
-	if got := k.ok("exec", "shared-pid", "-c", "viewer", "--", "ps"); !strings.Contains(got, "sleep 3601") || !strings.Contains(got, "sleep 3602") {
+	if got := k.stdout("exec", "shared-pid", "-c", "viewer", "--", "ps"); !strings.Contains(got, "sleep 3601") || !strings.Contains(got, "sleep 3602") {
 		t.Errorf("with shareProcessNamespace the viewer sees:\n%s\nwant both containers' sleeps", got)
 	}
 	for _, ns := range []string{"pid", "ipc"} {
@@ -185,20 +185,20 @@ func TestRealPodSpecNodeRules(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := strings.TrimSpace(k.ok("exec", "host-pid-ipc", "--", "readlink", "/proc/self/ns/"+ns)); got != host {
+		if got := strings.TrimSpace(k.stdout("exec", "host-pid-ipc", "--", "readlink", "/proc/self/ns/"+ns)); got != host {
 			t.Errorf("%s namespace of a hostPID, hostIPC pod: %s, want the node's %s", ns, got, host)
 		}
-		if got := strings.TrimSpace(k.ok("exec", "side", "-c", "app", "--", "readlink", "/proc/self/ns/"+ns)); got == host {
+		if got := strings.TrimSpace(k.stdout("exec", "side", "-c", "app", "--", "readlink", "/proc/self/ns/"+ns)); got == host {
 			t.Errorf("%s namespace of a pod without hostPID/hostIPC is the node's", ns)
 		}
 	}
 
 	// The kubelet's OOM score adjustments: 1000 for a BestEffort container; the lowest the agent may give for a
 	// Guaranteed one (-997, or the agent's own where it lacks CAP_SYS_RESOURCE, as in some sandboxes).
-	if got := strings.TrimSpace(k.ok("exec", "side", "-c", "app", "--", "cat", "/proc/1/oom_score_adj")); got != "1000" {
+	if got := strings.TrimSpace(k.stdout("exec", "side", "-c", "app", "--", "cat", "/proc/1/oom_score_adj")); got != "1000" {
 		t.Errorf("oom_score_adj of a BestEffort container: %s, want 1000", got)
 	}
-	if got := strings.TrimSpace(k.ok("exec", "guaranteed", "--", "cat", "/proc/1/oom_score_adj")); got != "-997" && got != "0" {
+	if got := strings.TrimSpace(k.stdout("exec", "guaranteed", "--", "cat", "/proc/1/oom_score_adj")); got != "-997" && got != "0" {
 		t.Errorf("oom_score_adj of a Guaranteed container: %s, want -997 (or 0, the agent's own, without CAP_SYS_RESOURCE)", got)
 	}
 
@@ -215,7 +215,7 @@ func TestRealPodSpecNodeRules(t *testing.T) {
 	}
 
 	// The sidecar's liveness probe fails: it is restarted, the app container is not.
-	k.ok("exec", "side", "-c", "sidecar", "--", "rm", "/tmp/alive")
+	k.stdout("exec", "side", "-c", "sidecar", "--", "rm", "/tmp/alive")
 	proctest.WaitFor(t, "the sidecar restarted", 60*time.Second, func() error {
 		out := k.ok("get", "pod", "side", "-o", "jsonpath={.status.initContainerStatuses[0].restartCount} {.status.containerStatuses[0].restartCount}")
 		if out != "1 0" {
@@ -308,18 +308,18 @@ func checkInPlaceResize(t *testing.T, k kubectl) {
 		return nil
 	})
 	// The machine's cgroup version decides the files; the container sees its own cgroup at /sys/fs/cgroup.
-	cgroupV2 := strings.TrimSpace(k.ok("exec", "resize", "-c", "inplace", "--", "sh", "-c", "test -f /sys/fs/cgroup/cpu.max && echo v2 || echo v1")) == "v2"
+	cgroupV2 := strings.TrimSpace(k.stdout("exec", "resize", "-c", "inplace", "--", "sh", "-c", "test -f /sys/fs/cgroup/cpu.max && echo v2 || echo v1")) == "v2"
 	quota := func(container string) string {
 		if cgroupV2 {
-			return strings.Fields(k.ok("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/cpu.max"))[0]
+			return strings.Fields(k.stdout("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/cpu.max"))[0]
 		}
-		return strings.TrimSpace(k.ok("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"))
+		return strings.TrimSpace(k.stdout("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/cpu/cpu.cfs_quota_us"))
 	}
 	memory := func(container string) string {
 		if cgroupV2 {
-			return strings.TrimSpace(k.ok("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/memory.max"))
+			return strings.TrimSpace(k.stdout("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/memory.max"))
 		}
-		return strings.TrimSpace(k.ok("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
+		return strings.TrimSpace(k.stdout("exec", "resize", "-c", container, "--", "cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"))
 	}
 	if q, m := quota("inplace"), memory("inplace"); q != "20000" || m != "67108864" {
 		t.Errorf("before the resize: cpu quota %s, memory limit %s; want 20000 (200m) and 67108864 (64Mi)", q, m)

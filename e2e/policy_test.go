@@ -160,7 +160,7 @@ spec:
   schedulerName: none
   containers: [{name: c, image: busybox, resources: {limits: {cpu: "2"}}}]
 `, "create", "-f", "-")
-	mustContain(t, "a pod over the max", out, `pods "big" is forbidden: [maximum cpu usage per Container is 1, but limit is 2, maximum cpu usage per Container is 1, but request is 2]`)
+	mustContain(t, "a pod over the max", out, `pods "big" is forbidden: maximum cpu usage per Container is 1, but limit is 2`) // as kube-apiserver words it: the limit, the first bound it breaks
 
 	// ResourceQuota.
 	k.ok("create", "namespace", "quota")
