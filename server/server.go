@@ -54,7 +54,7 @@ type Server struct {
 	ln         *handoverListener
 	// bootstrapDone closes when the bootstrap server's Serve has returned: the API port is free to take.
 	bootstrapDone chan struct{}
-	reg        *prometheus.Registry
+	reg           *prometheus.Registry
 
 	// saKey is the parsed service account signing key, kept while the stored PEM is unchanged.
 	saKeyMu  sync.Mutex
