@@ -789,6 +789,10 @@ func (l *Local) waiter(names ...string) healFunc {
 	return func(ctx context.Context) error { return l.waitReady(ctx, names...) }
 }
 
+// serverReady: the server's /readyz says ok and its Kubernetes API serves. Both, because until a (re)started
+// server's API is built, a bootstrap server holds the port and its /readyz says ok once Raft has caught up;
+// the handover to the API then leaves the port closed for seconds under load (the kill-leader round saw
+// "connection refused" after such an ok).
 func (l *Local) serverReady(ctx context.Context, name string) error {
 	body, err := l.get(ctx, name, "/readyz")
 	if err != nil {
@@ -796,6 +800,9 @@ func (l *Local) serverReady(ctx context.Context, name string) error {
 	}
 	if strings.TrimSpace(string(body)) != "ok" {
 		return fmt.Errorf("/readyz: %q", body)
+	}
+	if _, err := l.get(ctx, name, "/api/v1/namespaces/default"); err != nil {
+		return fmt.Errorf("the Kubernetes API: %w", err)
 	}
 	return nil
 }

@@ -231,15 +231,8 @@ func (s *Server) livez(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, "ok\n")
 }
 
-// readyz, the bootstrap server's, is ready once the peer knows a leader and has applied everything the
-// leader committed, while the cluster has no CA yet. Once it has one, the Kubernetes API is about to take the
-// port over and answers /readyz itself; until then this one says not ready, so that nobody sends the API
-// requests on the strength of a readiness it does not have.
+// readyz is ready once the peer knows a leader and has applied everything the leader committed.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
-	if _, _, _, err := s.clusterCA(); err == nil {
-		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "not ready: the Kubernetes API is starting")
-		return
-	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.node.LinearizableRead(ctx); err != nil {

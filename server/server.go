@@ -51,10 +51,8 @@ type Server struct {
 	apiBlocked atomic.Value
 	rotateMu   sync.Mutex // one encryption key rotation at a time
 	http       *http.Server
-	ln         *handoverListener
-	// bootstrapDone closes when the bootstrap server's Serve has returned: the API port is free to take.
-	bootstrapDone chan struct{}
-	reg           *prometheus.Registry
+	ln         net.Listener
+	reg        *prometheus.Registry
 
 	// saKey is the parsed service account signing key, kept while the stored PEM is unchanged.
 	saKeyMu  sync.Mutex
@@ -126,7 +124,7 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 	if s.node, err = raftnode.New(rc); err != nil {
 		return nil, err
 	}
-	if s.ln, err = newHandoverListener(cfg.APIAddr()); err != nil {
+	if s.ln, err = net.Listen("tcp", cfg.APIAddr()); err != nil {
 		s.node.Shutdown()
 		return nil, fmt.Errorf("listening for the API on %s: %w", cfg.APIAddr(), err)
 	}
@@ -143,7 +141,7 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 		PeersFile: filepath.Join(cfg.DataDir, gossipPeersFile), Local: opts.LocalGossip, Logger: logger,
 	})
 	if err != nil {
-		s.ln.release()
+		s.ln.Close()
 		s.node.Shutdown()
 		return nil, err
 	}
@@ -168,11 +166,9 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 		Handler: s.bootstrapRoutes(), ReadHeaderTimeout: 10 * time.Second,
 		TLSConfig: &tls.Config{GetCertificate: certs.get, MinVersion: tls.VersionTLS12},
 	}
-	s.bootstrapDone = make(chan struct{})
 	s.wg.Add(2)
 	go func() {
 		defer s.wg.Done()
-		defer close(s.bootstrapDone)
 		if err := s.http.ServeTLS(s.ln, "", ""); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.logger.Error("bootstrap API listener failed", "error", err)
 		}
@@ -323,19 +319,20 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 		s.logger.Error("issuing the front-proxy client certificate", "error", err)
 		return
 	}
-	// Hand the port over from the bootstrap server to the API server, without closing it (handover.go).
+	// Hand the port over from the bootstrap listener to the API server.
 	shutdownCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	s.http.Shutdown(shutdownCtx)
 	cancel()
-	select {
-	case <-s.bootstrapDone:
-	case <-ctx.Done():
-		return
-	}
-	ln, err := s.ln.take()
-	if err != nil {
-		s.logger.Error("taking over the API port", "address", s.cfg.APIAddr(), "error", err)
-		return
+	var ln net.Listener
+	for attempt := 0; ; attempt++ {
+		if ln, err = net.Listen("tcp", s.cfg.APIAddr()); err == nil {
+			break
+		}
+		if attempt == 50 || ctx.Err() != nil {
+			s.logger.Error("listening for the API", "address", s.cfg.APIAddr(), "error", err)
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 	if s.cfg.RoutePodCIDRs {
 		go func() {
@@ -490,7 +487,6 @@ func (s *Server) Shutdown() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		s.http.Shutdown(ctx)
 		cancel()
-		s.ln.release()
 		s.pool.Shutdown()
 		if err := s.node.Shutdown(); err != nil {
 			s.logger.Warn("raft shutdown", "error", err)
