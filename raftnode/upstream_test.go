@@ -66,6 +66,27 @@ func waitLeaderAmong(c *rt.Cluster, peers ...int) int {
 	return leader
 }
 
+// saveAndRestore saves peer n's snapshot to a file and restores the cluster from it through n, as an operator's
+// backup and restore would.
+func saveAndRestore(t *testing.T, n *raftnode.Node) error {
+	path := filepath.Join(t.TempDir(), "backup.snap")
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := n.SaveSnapshot(ctx, f); err != nil {
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	_, err = n.RestoreSnapshot(ctx, path)
+	return err
+}
+
 // putVia writes key=value through peer i and returns the write's revision (its Raft index).
 func putVia(t *testing.T, c *rt.Cluster, i int, key, value string) int64 {
 	t.Helper()
@@ -283,26 +304,26 @@ func TestFollowerWithConflictingLogConvergesAfterSnapshotInstall(t *testing.T) {
 		opt  func(*raftnode.Config)
 		// diverge runs on the new leader l while the old leader (with its stale suffix of n entries starting
 		// at index k) is cut off; afterwards the new leader's latest snapshot must end inside that suffix.
-		diverge func(t *testing.T, c *rt.Cluster, a, l int, k uint64)
+		// It returns the peer that leads when it is done.
+		diverge func(t *testing.T, c *rt.Cluster, a, l int, k uint64) int
 		// afterHeal, when set, runs once the network heals and returns the peer that leads afterwards.
 		afterHeal func(t *testing.T, c *rt.Cluster, a, l int) int
 	}{
 		{
 			name: "restore on the new leader",
-			diverge: func(t *testing.T, c *rt.Cluster, a, l int, k uint64) {
-				path := filepath.Join(t.TempDir(), "backup.snap")
-				f, err := os.Create(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				if _, err := c.Node(l).SaveSnapshot(ctx, f); err != nil {
-					t.Fatal(err)
-				}
-				f.Close()
-				if _, err := c.Node(l).RestoreSnapshot(ctx, path); err != nil {
-					t.Fatal(err)
+			diverge: func(t *testing.T, c *rt.Cluster, a, l int, k uint64) int {
+				// On a starved machine the majority's leader can lose its lease mid-restore; an operator
+				// would run the restore again on whichever peer leads then, and so does the test.
+				for attempt := 1; ; attempt++ {
+					err := saveAndRestore(t, c.Node(l))
+					if err == nil {
+						return l
+					}
+					if attempt == 3 || !(errors.Is(err, raft.ErrLeadershipLost) || errors.Is(err, raftnode.ErrNotLeader) || errors.Is(err, raftnode.ErrUnknownOutcome)) {
+						t.Fatalf("restore on peer %d (attempt %d): %v", l, attempt, err)
+					}
+					t.Logf("restore on peer %d lost leadership (attempt %d): %v; again on the next leader", l, attempt, err)
+					l = waitLeaderAmong(c, (a+1)%3, (a+2)%3)
 				}
 			},
 		},
@@ -312,7 +333,7 @@ func TestFollowerWithConflictingLogConvergesAfterSnapshotInstall(t *testing.T) {
 				cfg.TrailingLogs = 8
 				cfg.SnapshotThreshold = 1 << 30 // snapshots only when the test asks
 			},
-			diverge: func(t *testing.T, c *rt.Cluster, a, l int, k uint64) {
+			diverge: func(t *testing.T, c *rt.Cluster, a, l int, k uint64) int {
 				for i := 0; c.Node(l).RaftForTest().LastIndex() < k+20; i++ {
 					putVia(t, c, l, fmt.Sprintf("/new/%d", i), "v")
 				}
@@ -322,6 +343,7 @@ func TestFollowerWithConflictingLogConvergesAfterSnapshotInstall(t *testing.T) {
 				if first, _, _ := c.Node(l).LogBoundsForTest(); first < k {
 					t.Fatalf("leader log still starts at %d, before the divergence at %d", first, k)
 				}
+				return l
 			},
 		},
 		{
@@ -331,7 +353,7 @@ func TestFollowerWithConflictingLogConvergesAfterSnapshotInstall(t *testing.T) {
 			// an entry, so it sends entries instead of a snapshot unless it compacts.
 			name: "leadership moves to a peer that never compacted",
 			opt:  func(cfg *raftnode.Config) { cfg.SnapshotThreshold = 1 << 30 },
-			diverge: func(t *testing.T, c *rt.Cluster, a, l int, k uint64) {
+			diverge: func(t *testing.T, c *rt.Cluster, a, l int, k uint64) int {
 				for i := 0; c.Node(l).RaftForTest().LastIndex() < k+20; i++ {
 					putVia(t, c, l, fmt.Sprintf("/new/%d", i), "v")
 				}
@@ -348,6 +370,7 @@ func TestFollowerWithConflictingLogConvergesAfterSnapshotInstall(t *testing.T) {
 					t.Fatal(err)
 				}
 				c.Node(l).RefuseSnapshotPastForTest(true)
+				return l
 			},
 			afterHeal: func(t *testing.T, c *rt.Cluster, a, l int) int {
 				c.WaitFor("the cut-off peer to install a snapshot", 10*time.Second, func() error {
@@ -404,7 +427,7 @@ func TestFollowerWithConflictingLogConvergesAfterSnapshotInstall(t *testing.T) {
 				t.Fatal(err)
 			}
 			l := waitLeaderAmong(c, (a+1)%3, (a+2)%3)
-			tc.diverge(t, c, a, l, k)
+			l = tc.diverge(t, c, a, l, k)
 			snaps := c.Node(l).RaftForTest().Stats()["last_snapshot_index"]
 			t.Logf("stale suffix %d-%d on A, new leader's latest snapshot at %s", k, staleLast, snaps)
 
