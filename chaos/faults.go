@@ -789,10 +789,8 @@ func (l *Local) waiter(names ...string) healFunc {
 	return func(ctx context.Context) error { return l.waitReady(ctx, names...) }
 }
 
-// serverReady: the server's /readyz says ok and its Kubernetes API serves. Both, because until a (re)started
-// server's API is built, a bootstrap server holds the port and its /readyz says ok once Raft has caught up;
-// the handover to the API then leaves the port closed for seconds under load (the kill-leader round saw
-// "connection refused" after such an ok).
+// serverReady: the server's /readyz says ok and its Kubernetes API serves a read. (The bootstrap server that
+// holds a restarted server's port until its API is built says not ready; the read checks the API itself.)
 func (l *Local) serverReady(ctx context.Context, name string) error {
 	body, err := l.get(ctx, name, "/readyz")
 	if err != nil {

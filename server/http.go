@@ -231,8 +231,19 @@ func (s *Server) livez(w http.ResponseWriter, r *http.Request) {
 	io.WriteString(w, "ok\n")
 }
 
-// readyz is ready once the peer knows a leader and has applied everything the leader committed.
+// readyz is the bootstrap server's: it holds the API port until the Kubernetes API is built. It is ready
+// once the peer knows a leader and has applied everything the leader committed, while the cluster has no CA
+// yet (a cluster being formed has no Kubernetes API to wait for). Once the CA is there, this server's
+// Kubernetes API is about to take the port and will answer /readyz itself; until it does, this one says not
+// ready, because the port is then closed and opened again, and a client told "ok" would be refused meanwhile.
 func (s *Server) readyz(w http.ResponseWriter, r *http.Request) {
+	if _, _, err := s.openSecret(clusterCAKey); err == nil {
+		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "not ready: the Kubernetes API is starting")
+		return
+	} else if !errors.Is(err, fsm.ErrNotFound) {
+		writeStatus(w, http.StatusServiceUnavailable, "ServiceUnavailable", "not ready: the Kubernetes API cannot start: "+err.Error())
+		return
+	}
 	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 	defer cancel()
 	if err := s.node.LinearizableRead(ctx); err != nil {

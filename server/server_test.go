@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"math/rand"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sort"
@@ -262,6 +264,14 @@ func TestKubeconfigAndOperatorEndpoints(t *testing.T) {
 		}
 		return nil
 	})
+	// The port's /readyz is the Kubernetes API's now. The bootstrap server's, which held the port before the
+	// API was built, says not ready once the cluster has its CA: the port closes and opens again when the API
+	// takes it, and a client told "ok" then would be refused for as long as the API takes to build.
+	rec := httptest.NewRecorder()
+	s.readyz(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	if rec.Code != http.StatusServiceUnavailable || !strings.Contains(rec.Body.String(), "the Kubernetes API is starting") {
+		t.Fatalf("the bootstrap server's /readyz with a cluster CA: HTTP %d %s", rec.Code, rec.Body)
+	}
 	// Anonymous users are admitted to the public paths only; anywhere else they are unauthenticated.
 	if resp, _ := c.get(ctx, "/api/v1/namespaces"); resp != 401 {
 		t.Fatalf("anonymous list of namespaces got HTTP %d, want 401", resp)
