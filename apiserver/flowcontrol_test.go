@@ -2,6 +2,8 @@ package apiserver_test
 
 import (
 	"context"
+	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -114,3 +116,80 @@ func tableColumns(t *testing.T, client rest.Interface, resource string) (string,
 	}
 	return strings.Join(names, ","), len(table.Rows)
 }
+
+// TestPriorityAndFairness: requests are classified by the FlowSchemas as kube-apiserver classifies them,
+// and say so in the X-Kubernetes-PF-* headers: an admin's (system:masters) by the exempt schema, another
+// user's by global-default, a node's by system-nodes; a FlowSchema of a user's own, with a higher precedence,
+// takes that user's requests once the server has read it.
+func TestPriorityAndFairness(t *testing.T) {
+	t.Parallel()
+	admin := apiserver.StartTestAPI(t, apiserver.TestAPIOptions{})
+	cs := kubernetes.NewForConfigOrDie(admin)
+	ctx := context.Background()
+	uids := map[string]string{}
+	proctest.WaitFor(t, "the bootstrap FlowSchemas", 30*time.Second, func() error {
+		for _, name := range []string{"exempt", "global-default", "system-nodes"} {
+			fs, err := cs.FlowcontrolV1().FlowSchemas().Get(ctx, name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			uids[name] = string(fs.UID)
+		}
+		return nil
+	})
+	schemaOf := func(user string, groups ...string) string {
+		t.Helper()
+		cfg := rest.CopyConfig(admin)
+		if user != "" {
+			cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: groups}
+		}
+		var got string
+		cfg.Wrap(func(rt http.RoundTripper) http.RoundTripper {
+			return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+				resp, err := rt.RoundTrip(r)
+				if err == nil {
+					got = resp.Header.Get("X-Kubernetes-PF-FlowSchema-UID")
+				}
+				return resp, err
+			})
+		})
+		// Forbidden or not, the request was classified before authorization answered.
+		_, _ = kubernetes.NewForConfigOrDie(cfg).CoreV1().ConfigMaps("default").List(ctx, metav1.ListOptions{})
+		return got
+	}
+	mine := &flowcontrolv1.FlowSchema{ObjectMeta: metav1.ObjectMeta{Name: "alice-first"}, Spec: flowcontrolv1.FlowSchemaSpec{
+		PriorityLevelConfiguration: flowcontrolv1.PriorityLevelConfigurationReference{Name: "workload-high"},
+		MatchingPrecedence:         500,
+		Rules: []flowcontrolv1.PolicyRulesWithSubjects{{
+			Subjects: []flowcontrolv1.Subject{{Kind: flowcontrolv1.SubjectKindUser, User: &flowcontrolv1.UserSubject{Name: "alice"}}},
+			ResourceRules: []flowcontrolv1.ResourcePolicyRule{{Verbs: []string{"*"}, APIGroups: []string{"*"}, Resources: []string{"*"},
+				ClusterScope: true, Namespaces: []string{"*"}}},
+		}},
+	}}
+	proctest.WaitFor(t, "requests classified", 30*time.Second, func() error {
+		for who, want := range map[string]string{"": "exempt", "alice": "global-default", "system:node:n1": "system-nodes"} {
+			var groups []string
+			if strings.HasPrefix(who, "system:node:") {
+				groups = []string{"system:nodes", "system:authenticated"}
+			}
+			if got := schemaOf(who, groups...); got != uids[want] {
+				return fmt.Errorf("%q classified by FlowSchema UID %q, want %s's %s", who, got, want, uids[want])
+			}
+		}
+		return nil
+	})
+	created, err := cs.FlowcontrolV1().FlowSchemas().Create(ctx, mine, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proctest.WaitFor(t, "alice's own FlowSchema to apply", 30*time.Second, func() error {
+		if got := schemaOf("alice"); got != string(created.UID) {
+			return fmt.Errorf("alice classified by %q", got)
+		}
+		return nil
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

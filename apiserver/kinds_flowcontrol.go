@@ -27,9 +27,8 @@ import (
 // restored as they were, the suggested ones created and kept up to date unless a user set their
 // apf.kubernetes.io/autoupdate-spec annotation to false, and objects of an older bootstrap removed.
 //
-// Skiff serves the configuration but does not classify requests by it: the in-flight limits
-// (max_requests_in_flight, max_mutating_requests_in_flight) bound what the servers take at once, as
-// kube-apiserver's --enable-priority-and-fairness=false does.
+// The servers classify and queue requests by it (server.go sets the library's APF filter), with the two
+// in-flight limits together as the concurrency the priority levels share, as kube-apiserver does.
 
 func init() {
 	utilruntime.Must(flowcontrol.AddToScheme(kubeScheme))

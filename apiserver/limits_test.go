@@ -10,13 +10,16 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	flowcontrolv1 "k8s.io/api/flowcontrol/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 
 	"github.com/skiff-dev/skiff/config"
+	"github.com/skiff-dev/skiff/internal/proctest"
 	"github.com/skiff-dev/skiff/internal/servertest"
 )
 
@@ -41,23 +44,55 @@ func TestRequestBodyLimit(t *testing.T) {
 	}
 }
 
-// TestInFlightLimit sends 64 concurrent writes as a node (system:masters is exempt from the limits) to a
-// server that allows one write in flight: the excess gets 429 with Retry-After and a Status body, and only
-// the acknowledged writes are stored.
-func TestInFlightLimit(t *testing.T) {
+// TestPriorityLevelRejects: API Priority and Fairness refuses what a priority level cannot take. A
+// PriorityLevelConfiguration with one seat and limitResponse Reject, and a FlowSchema sending a node's
+// requests to it; 64 concurrent writes as that node (system:masters is exempt): the excess gets 429 with
+// Retry-After and a Status body, and only the acknowledged writes are stored.
+func TestPriorityLevelRejects(t *testing.T) {
 	one := 1
 	peers := servertest.StartWith(t, 1, func(f *config.ServerFile) {
-		f.Server.MaxMutatingRequestsInFlight = &one
+		f.Server.MaxRequestsInFlight, f.Server.MaxMutatingRequestsInFlight = &one, &one
 	})
 	ctx := context.Background()
 	nodeConfig := rest.AnonymousClientConfig(peers[0].Config)
 	nodeConfig.CertFile = servertest.NodeClientCert(t, peers[0], "node-1")
 	nodeConfig.KeyFile = nodeConfig.CertFile
+	fc := peers[0].Client.FlowcontrolV1()
+	shares := int32(1)
+	if _, err := fc.PriorityLevelConfigurations().Create(ctx, &flowcontrolv1.PriorityLevelConfiguration{
+		ObjectMeta: metav1.ObjectMeta{Name: "tiny"}, Spec: flowcontrolv1.PriorityLevelConfigurationSpec{
+			Type: flowcontrolv1.PriorityLevelEnablementLimited, Limited: &flowcontrolv1.LimitedPriorityLevelConfiguration{
+				NominalConcurrencyShares: &shares, LimitResponse: flowcontrolv1.LimitResponse{Type: flowcontrolv1.LimitResponseTypeReject}}},
+	}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	schema, err := fc.FlowSchemas().Create(ctx, &flowcontrolv1.FlowSchema{ObjectMeta: metav1.ObjectMeta{Name: "node-1-tiny"},
+		Spec: flowcontrolv1.FlowSchemaSpec{PriorityLevelConfiguration: flowcontrolv1.PriorityLevelConfigurationReference{Name: "tiny"},
+			MatchingPrecedence: 100, Rules: []flowcontrolv1.PolicyRulesWithSubjects{{
+				Subjects: []flowcontrolv1.Subject{{Kind: flowcontrolv1.SubjectKindUser, User: &flowcontrolv1.UserSubject{Name: "system:node:node-1"}}},
+				ResourceRules: []flowcontrolv1.ResourcePolicyRule{{Verbs: []string{"*"}, APIGroups: []string{"*"}, Resources: []string{"*"},
+					ClusterScope: true, Namespaces: []string{"*"}}},
+			}}}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	// Raw HTTP, because client-go retries 429s by itself.
 	httpClient, err := rest.HTTPClientFor(nodeConfig)
 	if err != nil {
 		t.Fatal(err)
 	}
+	proctest.WaitFor(t, "node-1's requests classified by node-1-tiny", 30*time.Second, func() error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, nodeConfig.Host+"/api/v1/namespaces/default/events", nil)
+		resp, err := httpClient.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get("X-Kubernetes-PF-FlowSchema-UID"); got != string(schema.UID) {
+			return fmt.Errorf("classified by %q", got)
+		}
+		return nil
+	})
 	var mu sync.Mutex
 	codes := map[int]int{}
 	var tooMany *http.Response
@@ -90,7 +125,7 @@ func TestInFlightLimit(t *testing.T) {
 	}
 	wg.Wait()
 	if tooMany == nil {
-		t.Fatalf("64 concurrent writes with one allowed in flight: status codes %v, want some 429", codes)
+		t.Fatalf("64 concurrent writes to a level of one seat that rejects: status codes %v, want some 429", codes)
 	}
 	if codes[http.StatusCreated]+codes[http.StatusTooManyRequests] != 64 {
 		t.Fatalf("status codes %v, want only 201 and 429", codes)

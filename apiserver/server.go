@@ -31,6 +31,7 @@ import (
 	genericfilters "k8s.io/apiserver/pkg/server/filters"
 	"k8s.io/apiserver/pkg/server/healthz"
 	"k8s.io/apiserver/pkg/storage/value"
+	utilflowcontrol "k8s.io/apiserver/pkg/util/flowcontrol"
 	"k8s.io/apiserver/pkg/util/notfoundhandler"
 	"k8s.io/apiserver/pkg/util/webhook"
 	"k8s.io/client-go/informers"
@@ -184,6 +185,11 @@ func New(c Config) (*Server, error) {
 		return nil, err
 	}
 	cfg.SharedInformerFactory = informers.NewSharedInformerFactory(client, 0)
+	// API Priority and Fairness, on by default as in kube-apiserver: each request is classified by the
+	// FlowSchemas (kinds_flowcontrol.go keeps the bootstrap ones), waits in its priority level's fair queues
+	// and is refused with 429 when they are full; exempt ones (system:masters, health checks) pass at once.
+	// The two in-flight limits together are the concurrency the levels share, as kube-apiserver counts it.
+	cfg.FlowControl = utilflowcontrol.New(cfg.SharedInformerFactory, client.FlowcontrolV1(), cfg.MaxRequestsInFlight+cfg.MaxMutatingRequestsInFlight)
 	authz, err := auth.NewAuthorization(cfg.SharedInformerFactory)
 	if err != nil {
 		return nil, err
