@@ -7,7 +7,7 @@ VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo de
 PKGS      := ./...
 export PATH := $(PATH):/usr/local/go/bin
 
-.PHONY: all setup build lint test unit e2e smoke bench chaos conformance conformance-smoke dev up down clean
+.PHONY: all setup build lint test unit e2e smoke bench bench-scale chaos conformance conformance-smoke dev up down clean
 
 all: build
 
@@ -55,6 +55,13 @@ bench: setup build
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'NetworkProgramming|ClusterDNS' -benchtime 1x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench 'PolicyProgramming' -benchtime 50x -timeout 30m ./bench/
 	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench '^Benchmark(Exec|LogsFollow|PortForward)$$' -benchtime 1x -timeout 30m ./bench/
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 60m ./bench/ -args -scale.steps=500 -scale.pods-per-node=10
+
+# The scale benchmark at the steps of Kubernetes' largest supported cluster (docs/BENCHMARKS.md): 500 to 5,000
+# simulated nodes at 30 pods per node, a fresh cluster per step; SCALE_STEPS narrows it. Hours, not in make bench.
+SCALE_STEPS ?= 500,1000,2000,5000
+bench-scale: setup build
+	SKIFF_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 12h ./bench/ -args -scale.steps=$(SCALE_STEPS) -scale.report=$(CURDIR)/bench-scale.md
 
 # `make chaos`: every fault, at least 100 leader kills, 50 partitions, 20 pauses, 20 interrupted transfers,
 # 10 snapshot installs and 5 full crashes, two faults a round where they may share one; the run lasts until the

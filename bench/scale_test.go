@@ -1,0 +1,666 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/skiff-dev/skiff/internal/freeport"
+	"github.com/skiff-dev/skiff/internal/proctest"
+	"github.com/skiff-dev/skiff/nodeagent"
+)
+
+var (
+	scaleSteps          = flag.String("scale.steps", "500", "node counts, comma-separated: one fresh cluster per step")
+	scalePodsPerNode    = flag.Int("scale.pods-per-node", 30, "running pods per node the workload aims at (clusterloader2's PODS_PER_NODE)")
+	scaleNodesPerNS     = flag.Int("scale.nodes-per-namespace", 100, "nodes per test namespace (clusterloader2's NODES_PER_NAMESPACE)")
+	scaleNodesPerMember = flag.Int("scale.nodes-per-member", 50, "simulated nodes each gossip member (agent process) hosts")
+	scaleCreators       = flag.Int("scale.creators", 32, "concurrent clients creating the workload's objects")
+	scaleIdle           = flag.Duration("scale.idle", time.Minute, "how long the idle cluster's store writes are counted")
+	scaleReport         = flag.String("scale.report", "", "a file the table is appended to, in Markdown")
+)
+
+// The scalability SLOs of sig-scalability this benchmark checks, measured at the client.
+var scaleSLOs = []struct {
+	sli   string
+	limit time.Duration
+}{
+	{"mutating", time.Second},
+	{"get", time.Second},
+	{"list-namespace", 5 * time.Second},
+	{"list-cluster", 30 * time.Second},
+	{"pod-startup", 5 * time.Second},
+}
+
+// BenchmarkScale runs a workload shaped like clusterloader2's load config (kubernetes/perf-tests,
+// clusterloader2/testing/load) against three `skiff server` processes whose nodes are simulated by agent
+// processes, each a gossip member hosting -scale.nodes-per-member nodes, so that gossip runs at the size the
+// step sets. For each step of -scale.steps, on a fresh cluster:
+//   - saturation: per namespace of -scale.nodes-per-namespace nodes, a quarter of its pods in Deployments of
+//     250, a quarter in Deployments of 30, half in Deployments of 5, each with a ConfigMap and a Secret it
+//     mounts, every other one behind a ClusterIP Service, small Jobs beside them, and one DaemonSet over
+//     every node; created at -scale.creators concurrency until -scale.pods-per-node pods per node run;
+//   - churn: every Deployment scaled to between 50% and 150% of its size, until the pods settle;
+//   - the SLIs, measured at the client throughout: mutating calls (the workload's own creates and a probe's
+//     updates), single-object reads, namespace and cluster-wide lists (through every server, followers
+//     included), and pod startup (first seen by a watch to Running and Ready, as clusterloader2 measures it);
+//   - the idle cluster's store writes per node per minute, the control plane's CPU seconds and peak RSS;
+//   - a leader killed with SIGKILL: the time until a write through a survivor succeeds, and until the
+//     restarted server serves a consistent list again.
+//
+// Run with -benchtime=1x; `make bench-scale` runs the steps of the issue, `make bench` a small one.
+func BenchmarkScale(b *testing.B) {
+	var rows []scaleRow
+	for _, f := range strings.Split(*scaleSteps, ",") {
+		nodes, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || nodes < 1 {
+			b.Fatalf("-scale.steps: %q is not a node count", f)
+		}
+		b.Run(fmt.Sprintf("skiff-%d", nodes), func(b *testing.B) {
+			rows = append(rows, scaleStep(b, startSkiffScale(b, nodes), nodes))
+		})
+	}
+	table := scaleTable(rows)
+	fmt.Println(table) // the parent benchmark's own log is not printed beside its sub-benchmarks'
+	if *scaleReport != "" {
+		f, err := os.OpenFile(*scaleReport, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o644)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		fmt.Fprintf(f, "\n%s, -scale.pods-per-node=%d -scale.nodes-per-member=%d\n\n%s", time.Now().UTC().Format("2006-01-02 15:04"), *scalePodsPerNode, *scaleNodesPerMember, table)
+	}
+}
+
+// scaleTarget is a control plane with its nodes up, as the workload sees it.
+type scaleTarget struct {
+	system  string
+	clients []kubernetes.Interface // one per server
+	pids    func() []int           // the control plane's processes
+	// killLeader kills the leader with SIGKILL and returns the index of a survivor and a restart function.
+	killLeader func() (survivor, killed int, restart func())
+}
+
+// startSkiffScale starts three servers and ceil(nodes/-scale.nodes-per-member) simulated agents, and waits
+// for every node to be Ready.
+func startSkiffScale(b *testing.B, nodes int) *scaleTarget {
+	c := proctest.NewCluster(b, 3, fmt.Sprintf("token = %q", benchJoinToken))
+	for _, p := range c.Procs {
+		c.Start(p)
+	}
+	var clients []kubernetes.Interface
+	for _, p := range c.Procs {
+		clients = append(clients, clientFor(b, p.Kubeconfig()))
+	}
+	members := (nodes + *scaleNodesPerMember - 1) / *scaleNodesPerMember
+	ports := freeport.Take(b, []string{"127.0.0.1"}, members)
+	for m := 0; m < members; m++ {
+		n := min(*scaleNodesPerMember, nodes-m**scaleNodesPerMember)
+		server := c.Procs[m%3]
+		startGossipSimAgent(b, fmt.Sprintf("sim%04d", m), server.GossipAddr, server.Kubeconfig(), ports[m], n)
+	}
+	waitNodesReady(b, clients[0], nodes)
+	return &scaleTarget{
+		system:  "skiff",
+		clients: clients,
+		pids:    func() []int { return clusterPIDs(c) },
+		killLeader: func() (int, int, func()) {
+			name := c.HealthyPeers(c.Procs[0], 3)
+			for i, p := range c.Procs {
+				if p.Name == name {
+					c.Kill(p)
+					return (i + 1) % 3, i, func() { c.Start(p) }
+				}
+			}
+			b.Fatalf("leader %q is none of the servers", name)
+			return 0, 0, nil
+		},
+	}
+}
+
+// waitNodesReady waits until n nodes report Ready.
+func waitNodesReady(b *testing.B, client kubernetes.Interface, n int) {
+	t0 := time.Now()
+	waitUntil(b, fmt.Sprintf("%d nodes Ready", n), 20*time.Minute, func() (bool, string) {
+		list, err := client.CoreV1().Nodes().List(context.Background(), metav1.ListOptions{ResourceVersion: "0"})
+		if err != nil {
+			return false, err.Error()
+		}
+		ready := 0
+		for _, node := range list.Items {
+			for _, cond := range node.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+					ready++
+				}
+			}
+		}
+		return ready >= n, fmt.Sprintf("%d of %d Ready", ready, n)
+	})
+	b.Logf("%d nodes Ready %v after the servers", n, time.Since(t0).Round(time.Second))
+}
+
+// scaleRow is one system at one step.
+type scaleRow struct {
+	system                string
+	nodes, pods           int
+	p99                   map[string]time.Duration
+	startupP50            time.Duration
+	saturation, churn     time.Duration
+	cpuSeconds            float64
+	peakRSS, peakRSSTotal int64
+	idleWritesPerNodeMin  float64
+	failover, restartRead time.Duration
+}
+
+// scaleStep runs the workload on t and measures it.
+func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
+	ctx := context.Background()
+	lat := &sliRecorder{d: map[string][]time.Duration{}}
+	nsCount := max(1, nodes / *scaleNodesPerNS)
+	namespaces := make([]string, nsCount)
+	for i := range namespaces {
+		namespaces[i] = fmt.Sprintf("scale-%d", i)
+		createNamespace(b, ctx, t.clients[i%3], namespaces[i])
+	}
+	plan := planScale(namespaces, nodes)
+	watcher := watchPods(b, t.clients[0])
+	defer watcher.stop()
+
+	cpu := startCPUOf(b, t.pids())
+	probeCtx, stopProbes := context.WithCancel(ctx)
+	probesDone := probe(probeCtx, t.clients, namespaces, lat)
+
+	// Saturation.
+	t0 := time.Now()
+	ops := plan.creates()
+	run(b, *scaleCreators, len(ops), func(w, i int) error {
+		t1 := time.Now()
+		err := ops[i](ctx, t.clients[w%3])
+		lat.add("mutating", time.Since(t1))
+		return err
+	})
+	want := plan.runningPods() + nodes // the DaemonSet's pods
+	watcher.waitRunning(b, want, 60*time.Minute)
+	saturation := time.Since(t0)
+	b.Logf("saturation: %d pods running on %d nodes %v after the first create (%d objects created)", want, nodes, saturation.Round(time.Second), len(ops))
+	// The lists at full size, through every server, beside the probe's periodic ones.
+	for i, c := range t.clients {
+		for _, l := range []struct {
+			sli string
+			ns  string
+		}{{"list-cluster", ""}, {"list-namespace", namespaces[i%len(namespaces)]}} {
+			t1 := time.Now()
+			if _, err := c.CoreV1().Pods(l.ns).List(ctx, metav1.ListOptions{}); err != nil {
+				b.Fatalf("listing pods through server %d: %v", i, err)
+			}
+			lat.add(l.sli, time.Since(t1))
+		}
+	}
+
+	// Churn: every Deployment to between 50% and 150% of its size.
+	t0 = time.Now()
+	rng := rand.New(rand.NewSource(int64(nodes)))
+	scaled := plan.scale(rng)
+	run(b, *scaleCreators, len(scaled), func(w, i int) error {
+		t1 := time.Now()
+		err := scaled[i](ctx, t.clients[w%3])
+		lat.add("mutating", time.Since(t1))
+		return err
+	})
+	want = plan.runningPods() + nodes
+	watcher.waitRunning(b, want, 60*time.Minute)
+	churn := time.Since(t0)
+	b.Logf("churn: %d pods running %v after the first scale", want, churn.Round(time.Second))
+	stopProbes()
+	<-probesDone
+	_, serversTicks := cpu.read()
+	serversTicks -= cpu.servers
+
+	row := scaleRow{system: t.system, nodes: nodes, pods: want, p99: map[string]time.Duration{}, saturation: saturation, churn: churn,
+		cpuSeconds: float64(serversTicks) / 100}
+	for _, pid := range t.pids() {
+		hwm := peakRSS(b, pid)
+		row.peakRSS = max(row.peakRSS, hwm)
+		row.peakRSSTotal += hwm
+	}
+	for sli, d := range lat.d {
+		row.p99[sli] = percentile(d, 99)
+		b.Logf("%s: %d calls, p50 %.0f ms, p99 %.0f ms", sli, len(d), ms(percentile(d, 50)), ms(percentile(d, 99)))
+	}
+	startups := watcher.startups()
+	row.p99["pod-startup"] = percentile(startups, 99)
+	row.startupP50 = percentile(startups, 50)
+	b.Logf("pod startup: %d pods, p50 %.0f ms, p99 %.0f ms", len(startups), ms(row.startupP50), ms(row.p99["pod-startup"]))
+
+	// The idle cluster's writes: the store's revision before and after the window, which starts once the
+	// controllers' last status updates of the churn are in.
+	time.Sleep(10 * time.Second)
+	rev0 := storeRevision(b, t.clients[0])
+	time.Sleep(*scaleIdle)
+	rev1 := storeRevision(b, t.clients[0])
+	row.idleWritesPerNodeMin = float64(rev1-rev0) / float64(nodes) / scaleIdle.Minutes()
+
+	// A leader killed at full size.
+	survivor, killed, restart := t.killLeader()
+	t0 = time.Now()
+	waitUntil(b, "a write through a survivor", 5*time.Minute, func() (bool, string) {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_, err := t.clients[survivor].CoreV1().ConfigMaps("default").Create(cctx, &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{GenerateName: "failover-"}}, metav1.CreateOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
+	row.failover = time.Since(t0)
+	restart()
+	t0 = time.Now()
+	waitUntil(b, "the restarted server's consistent list", 10*time.Minute, func() (bool, string) {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := t.clients[killed].CoreV1().Namespaces().List(cctx, metav1.ListOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
+	row.restartRead = time.Since(t0)
+	b.Logf("leader killed: writes through a survivor %v later; the restarted server served a consistent list %v after its start",
+		row.failover.Round(time.Millisecond), row.restartRead.Round(time.Millisecond))
+
+	b.ReportMetric(float64(row.pods), "pods")
+	b.ReportMetric(ms(row.p99["mutating"]), "mutating-p99-ms")
+	b.ReportMetric(ms(row.p99["get"]), "get-p99-ms")
+	b.ReportMetric(ms(row.p99["list-cluster"]), "list-cluster-p99-ms")
+	b.ReportMetric(ms(row.p99["pod-startup"]), "pod-startup-p99-ms")
+	b.ReportMetric(float64(row.peakRSS)/(1<<20), "peak-rss-MiB/server")
+	b.ReportMetric(row.idleWritesPerNodeMin, "idle-writes/node/min")
+	b.ReportMetric(0, "ns/op")
+	return row
+}
+
+// sliRecorder keeps every latency by SLI.
+type sliRecorder struct {
+	mu sync.Mutex
+	d  map[string][]time.Duration
+}
+
+func (r *sliRecorder) add(sli string, d time.Duration) {
+	r.mu.Lock()
+	r.d[sli] = append(r.d[sli], d)
+	r.mu.Unlock()
+}
+
+func percentile(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[(len(s)-1)*p/100]
+}
+
+// probe measures, beside the workload and through every server in turn, single-object reads (a node, a
+// ConfigMap; 5 a second), mutating calls (a ConfigMap's update; 2 a second), namespace lists (a namespace's
+// pods; every 2 s) and cluster-wide lists (all pods, all nodes; every 20 s), as clusterloader2's API
+// responsiveness measurement counts calls of every kind. The channel closes when ctx ends and the probes have.
+func probe(ctx context.Context, clients []kubernetes.Interface, namespaces []string, lat *sliRecorder) <-chan struct{} {
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "probe"}, Data: map[string]string{"n": "0"}}
+	clients[0].CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{})
+	every := func(period time.Duration, sli string, call func(c kubernetes.Interface, i int) error) func() {
+		return func() {
+			tick := time.NewTicker(period)
+			defer tick.Stop()
+			for i := 0; ; i++ {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				t0 := time.Now()
+				if err := call(clients[i%len(clients)], i); err == nil {
+					lat.add(sli, time.Since(t0))
+				} else if ctx.Err() == nil {
+					lat.add(sli+"-errors", time.Since(t0))
+				}
+			}
+		}
+	}
+	probes := []func(){
+		every(200*time.Millisecond, "get", func(c kubernetes.Interface, i int) error {
+			_, err := c.CoreV1().ConfigMaps("default").Get(ctx, "probe", metav1.GetOptions{})
+			return err
+		}),
+		every(200*time.Millisecond, "get", func(c kubernetes.Interface, i int) error {
+			_, err := c.CoreV1().Namespaces().Get(ctx, namespaces[i%len(namespaces)], metav1.GetOptions{})
+			return err
+		}),
+		every(500*time.Millisecond, "mutating", func(c kubernetes.Interface, i int) error {
+			cm := cm.DeepCopy()
+			cm.Data["n"] = strconv.Itoa(i)
+			_, err := c.CoreV1().ConfigMaps("default").Update(ctx, cm, metav1.UpdateOptions{})
+			return err
+		}),
+		every(2*time.Second, "list-namespace", func(c kubernetes.Interface, i int) error {
+			_, err := c.CoreV1().Pods(namespaces[i%len(namespaces)]).List(ctx, metav1.ListOptions{})
+			return err
+		}),
+		every(20*time.Second, "list-cluster", func(c kubernetes.Interface, i int) error {
+			if i%2 == 1 {
+				_, err := c.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+				return err
+			}
+			_, err := c.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+			return err
+		}),
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, p := range probes {
+		wg.Add(1)
+		go func() { defer wg.Done(); p() }()
+	}
+	go func() { wg.Wait(); close(done) }()
+	return done
+}
+
+// scalePlan is the workload's objects, by namespace.
+type scalePlan struct {
+	deployments []*scaleDeployment
+	jobs        []scaleObject
+	daemonSet   string // its namespace
+}
+
+type scaleDeployment struct {
+	ns, name string
+	replicas int32
+	service  bool
+}
+
+type scaleObject struct{ ns, name string }
+
+// The sizes of clusterloader2's load config: big, medium and small groups.
+const (
+	bigGroup, mediumGroup, smallGroup = 250, 30, 5
+	jobsPerSmallDeployments           = 20 // one small Job per 20 small Deployments
+)
+
+// planScale divides each namespace's share of the pods (less the DaemonSet's one per node) as the load
+// config does: a quarter in big Deployments, a quarter in medium ones, the rest in small ones.
+func planScale(namespaces []string, nodes int) *scalePlan {
+	p := &scalePlan{daemonSet: namespaces[0]}
+	perNS := nodes * (*scalePodsPerNode - 1) / len(namespaces)
+	for _, ns := range namespaces {
+		big := perNS / (4 * bigGroup)
+		medium := perNS / (4 * mediumGroup)
+		small := (perNS - big*bigGroup - medium*mediumGroup) / smallGroup
+		n := 0
+		add := func(count int, size int32, kind string) {
+			for i := 0; i < count; i++ {
+				p.deployments = append(p.deployments, &scaleDeployment{ns: ns, name: fmt.Sprintf("%s-%d", kind, i), replicas: size, service: n%2 == 0})
+				n++
+			}
+		}
+		add(big, bigGroup, "big")
+		add(medium, mediumGroup, "medium")
+		add(small, smallGroup, "small")
+		for i := 0; i < max(1, small/jobsPerSmallDeployments); i++ {
+			p.jobs = append(p.jobs, scaleObject{ns, fmt.Sprintf("job-%d", i)})
+		}
+	}
+	return p
+}
+
+// runningPods is how many pods the Deployments ask for.
+func (p *scalePlan) runningPods() int {
+	n := 0
+	for _, d := range p.deployments {
+		n += int(d.replicas)
+	}
+	return n
+}
+
+type scaleOp func(ctx context.Context, c kubernetes.Interface) error
+
+// creates are the saturation phase's calls, in the order a user applying the namespaces would make them:
+// each Deployment's ConfigMap and Secret before it, its Service after; the Jobs and the DaemonSet last.
+func (p *scalePlan) creates() []scaleOp {
+	var ops []scaleOp
+	for _, d := range p.deployments {
+		d := d
+		ops = append(ops, func(ctx context.Context, c kubernetes.Interface) error {
+			cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: d.name}, Data: map[string]string{"config": strings.Repeat("x", 64)}}
+			_, err := c.CoreV1().ConfigMaps(d.ns).Create(ctx, cm, metav1.CreateOptions{})
+			return err
+		}, func(ctx context.Context, c kubernetes.Interface) error {
+			s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: d.name}, Data: map[string][]byte{"secret": []byte(strings.Repeat("y", 64))}}
+			_, err := c.CoreV1().Secrets(d.ns).Create(ctx, s, metav1.CreateOptions{})
+			return err
+		}, func(ctx context.Context, c kubernetes.Interface) error {
+			_, err := c.AppsV1().Deployments(d.ns).Create(ctx, scaleDeploymentObject(d), metav1.CreateOptions{})
+			return err
+		})
+		if d.service {
+			ops = append(ops, func(ctx context.Context, c kubernetes.Interface) error {
+				s := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: d.name}, Spec: corev1.ServiceSpec{
+					Selector: map[string]string{"app": d.name},
+					Ports:    []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(8080)}}}}
+				_, err := c.CoreV1().Services(d.ns).Create(ctx, s, metav1.CreateOptions{})
+				return err
+			})
+		}
+	}
+	for _, j := range p.jobs {
+		j := j
+		ops = append(ops, func(ctx context.Context, c kubernetes.Interface) error {
+			n := int32(smallGroup)
+			job := &batchv1.Job{ObjectMeta: metav1.ObjectMeta{Name: j.name}, Spec: batchv1.JobSpec{Completions: &n, Parallelism: &n,
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{nodeagent.SimulatedExitCodeAnnotation: "0"}},
+					Spec:       corev1.PodSpec{RestartPolicy: corev1.RestartPolicyNever, Containers: []corev1.Container{scaleContainer()}}}}}
+			_, err := c.BatchV1().Jobs(j.ns).Create(ctx, job, metav1.CreateOptions{})
+			return err
+		})
+	}
+	ops = append(ops, func(ctx context.Context, c kubernetes.Interface) error {
+		labels := map[string]string{"app": "daemon"}
+		ds := &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "daemon"}, Spec: appsv1.DaemonSetSpec{
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{Containers: []corev1.Container{scaleContainer()}}}}}
+		_, err := c.AppsV1().DaemonSets(p.daemonSet).Create(ctx, ds, metav1.CreateOptions{})
+		return err
+	})
+	return ops
+}
+
+// scale sets every Deployment to between 50% and 150% of its size (at least one pod) and returns the calls.
+func (p *scalePlan) scale(rng *rand.Rand) []scaleOp {
+	var ops []scaleOp
+	for _, d := range p.deployments {
+		d := d
+		d.replicas = max(1, int32(float64(d.replicas)*(0.5+rng.Float64())))
+		patch := []byte(fmt.Sprintf(`{"spec":{"replicas":%d}}`, d.replicas))
+		ops = append(ops, func(ctx context.Context, c kubernetes.Interface) error {
+			// As `kubectl scale` does: a patch, which no concurrent status update makes conflict.
+			_, err := c.AppsV1().Deployments(d.ns).Patch(ctx, d.name, types.MergePatchType, patch, metav1.PatchOptions{}, "scale")
+			return err
+		})
+	}
+	return ops
+}
+
+func scaleContainer() corev1.Container {
+	return corev1.Container{Name: "main", Image: "registry.local/bench:1.0", Ports: []corev1.ContainerPort{{ContainerPort: 8080}}}
+}
+
+func scaleDeploymentObject(d *scaleDeployment) *appsv1.Deployment {
+	labels := map[string]string{"app": d.name}
+	c := scaleContainer()
+	c.VolumeMounts = []corev1.VolumeMount{{Name: "config", MountPath: "/etc/config"}, {Name: "secret", MountPath: "/etc/secret"}}
+	replicas := d.replicas
+	return &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: d.name}, Spec: appsv1.DeploymentSpec{
+		Replicas: &replicas, Selector: &metav1.LabelSelector{MatchLabels: labels},
+		Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels}, Spec: corev1.PodSpec{
+			Containers: []corev1.Container{c},
+			Volumes: []corev1.Volume{
+				{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: d.name}}}},
+				{Name: "secret", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: d.name}}},
+			}}}}}
+}
+
+// podWatcher follows every pod through an informer: when it was first seen, and when it first ran with all
+// containers ready.
+type podWatcher struct {
+	mu        sync.Mutex
+	firstSeen map[string]time.Time
+	started   map[string]time.Duration
+	running   map[string]bool // pods Running and Ready now
+	close     chan struct{}
+}
+
+func watchPods(b *testing.B, client kubernetes.Interface) *podWatcher {
+	w := &podWatcher{firstSeen: map[string]time.Time{}, started: map[string]time.Duration{}, running: map[string]bool{}, close: make(chan struct{})}
+	factory := informers.NewSharedInformerFactory(client, 0)
+	observe := func(obj any) {
+		pod, ok := obj.(*corev1.Pod)
+		if !ok {
+			return
+		}
+		now := time.Now()
+		key := string(pod.UID)
+		ready := pod.Status.Phase == corev1.PodRunning
+		for _, cond := range pod.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status != corev1.ConditionTrue {
+				ready = false
+			}
+		}
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if _, ok := w.firstSeen[key]; !ok {
+			w.firstSeen[key] = now
+		}
+		if ready {
+			if _, ok := w.started[key]; !ok {
+				w.started[key] = now.Sub(w.firstSeen[key])
+			}
+		}
+		if ready && pod.DeletionTimestamp == nil {
+			w.running[key] = true
+		} else {
+			delete(w.running, key)
+		}
+	}
+	gone := func(obj any) {
+		if pod, ok := obj.(*corev1.Pod); ok {
+			w.mu.Lock()
+			delete(w.running, string(pod.UID))
+			w.mu.Unlock()
+		} else if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			if pod, ok := tomb.Obj.(*corev1.Pod); ok {
+				w.mu.Lock()
+				delete(w.running, string(pod.UID))
+				w.mu.Unlock()
+			}
+		}
+	}
+	informer := factory.Core().V1().Pods().Informer()
+	informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: observe, UpdateFunc: func(_, o any) { observe(o) }, DeleteFunc: gone})
+	factory.Start(w.close)
+	if !cache.WaitForCacheSync(w.close, informer.HasSynced) {
+		b.Fatal("the pod informer never synced")
+	}
+	return w
+}
+
+func (w *podWatcher) stop() { close(w.close) }
+
+// waitRunning waits until n pods run and are ready, and no more (a scale-down's pods have gone).
+func (w *podWatcher) waitRunning(b *testing.B, n int, timeout time.Duration) {
+	waitUntil(b, fmt.Sprintf("%d pods Running and Ready", n), timeout, func() (bool, string) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(w.running) == n, fmt.Sprintf("%d running", len(w.running))
+	})
+}
+
+func (w *podWatcher) startups() []time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]time.Duration, 0, len(w.started))
+	for _, d := range w.started {
+		out = append(out, d)
+	}
+	return out
+}
+
+// storeRevision is the store's latest revision, from a consistent list's resourceVersion (Skiff's is the
+// Raft index of the last write, etcd's its revision: both count writes).
+func storeRevision(b *testing.B, client kubernetes.Interface) int64 {
+	list, err := client.CoreV1().ConfigMaps("default").List(context.Background(), metav1.ListOptions{Limit: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rv, err := strconv.ParseInt(list.ResourceVersion, 10, 64)
+	if err != nil {
+		b.Fatalf("resourceVersion %q: %v", list.ResourceVersion, err)
+	}
+	return rv
+}
+
+// peakRSS is a process's peak resident memory (VmHWM).
+func peakRSS(b *testing.B, pid int) int64 {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			kib, _ := strconv.ParseInt(strings.Fields(line)[1], 10, 64)
+			return kib << 10
+		}
+	}
+	return 0
+}
+
+// scaleTable is the rows as a Markdown table: the SLIs' p99 with whether each SLO held, and the costs.
+func scaleTable(rows []scaleRow) string {
+	var s strings.Builder
+	s.WriteString("| system | nodes | pods running | mutating p99 | get p99 | list (ns) p99 | list (cluster) p99 | pod startup p50 / p99 | SLOs | saturation / churn | CPU s | peak RSS per server / all | idle writes per node per min | failover | restarted server reads |\n")
+	s.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	for _, r := range rows {
+		var missed []string
+		for _, slo := range scaleSLOs {
+			if r.p99[slo.sli] > slo.limit {
+				missed = append(missed, slo.sli)
+			}
+		}
+		slos := "all held"
+		if len(missed) > 0 {
+			slos = "missed: " + strings.Join(missed, ", ")
+		}
+		d := func(sli string) string {
+			if v, ok := r.p99[sli]; ok {
+				return fmt.Sprintf("%.0f ms", ms(v))
+			}
+			return "-"
+		}
+		fmt.Fprintf(&s, "| %s | %d | %d | %s | %s | %s | %s | %.0f / %.0f ms | %s | %.0f / %.0f s | %.0f | %.2f / %.2f GiB | %.2f | %.2f s | %.1f s |\n",
+			r.system, r.nodes, r.pods, d("mutating"), d("get"), d("list-namespace"), d("list-cluster"), ms(r.startupP50), ms(r.p99["pod-startup"]),
+			slos, r.saturation.Seconds(), r.churn.Seconds(), r.cpuSeconds, float64(r.peakRSS)/(1<<30), float64(r.peakRSSTotal)/(1<<30),
+			r.idleWritesPerNodeMin, r.failover.Seconds(), r.restartRead.Seconds())
+	}
+	return s.String()
+}
