@@ -3,11 +3,8 @@ package bench
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -20,17 +17,33 @@ import (
 // etcdCluster is three etcd members on loopback, each with its own data dir.
 type etcdCluster struct {
 	clients   []*clientv3.Client
-	cmds      []*exec.Cmd
+	members   []*benchProc
 	endpoints []string // each member's client URL
 }
 
-// startEtcd starts three members with etcd's defaults (fsync on) and returns one client per member.
-func startEtcd(t testing.TB) *etcdCluster {
+// etcdMain is etcd's own entry point, which the etcd binary's main calls.
+const etcdMain = `package main
+
+import (
+	"os"
+
+	"go.etcd.io/etcd/server/v3/etcdmain"
+)
+
+func main() { etcdmain.Main(os.Args) }
+`
+
+// etcdBinary builds etcd v3.7.2, the release Kubernetes 1.37 runs on, from its module (benchBuild).
+func etcdBinary(b *testing.B) string {
+	return benchBuild(b, buildSpec{name: "etcd-v3.7.2", gets: []string{"go.etcd.io/etcd/server/v3@v3.7.2"}, main: etcdMain})
+}
+
+// startEtcd starts three members of etcd 3.7 with etcd's defaults (fsync on) and returns one client per
+// member.
+func startEtcd(b *testing.B) *etcdCluster {
+	t := b
 	t.Helper()
-	bin, err := exec.LookPath("etcd")
-	if err != nil {
-		t.Skip("etcd not installed (Debian package etcd-server; `make bench` installs it)")
-	}
+	bin := etcdBinary(b)
 	ports := freeport.Take(t, []string{"127.0.0.1"}, 6)
 	var initial []string
 	for i := 0; i < 3; i++ {
@@ -42,22 +55,14 @@ func startEtcd(t testing.TB) *etcdCluster {
 	for i := 0; i < 3; i++ {
 		client := fmt.Sprintf("http://127.0.0.1:%d", ports[2*i])
 		peer := fmt.Sprintf("http://127.0.0.1:%d", ports[2*i+1])
-		cmd := exec.Command(bin,
+		m := &benchProc{name: fmt.Sprintf("etcd e%d", i), bin: bin, log: filepath.Join(base, fmt.Sprintf("e%d.log", i)), args: []string{
 			"--name", fmt.Sprintf("e%d", i), "--data-dir", filepath.Join(base, fmt.Sprintf("e%d", i)),
 			"--listen-client-urls", client, "--advertise-client-urls", client,
 			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
 			"--initial-cluster", strings.Join(initial, ","), "--initial-cluster-state", "new",
-			"--initial-cluster-token", "skiff-bench", "--log-level", "error")
-		logf, err := os.Create(filepath.Join(base, fmt.Sprintf("e%d.log", i)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd.Stdout, cmd.Stderr = logf, logf
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		ec.cmds = append(ec.cmds, cmd)
+			"--initial-cluster-token", "skiff-bench", "--log-level", "error"}}
+		m.start(t)
+		ec.members = append(ec.members, m)
 		ec.endpoints = append(ec.endpoints, client)
 		c, err := clientv3.New(clientv3.Config{Endpoints: []string{client}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 		if err != nil {
@@ -84,8 +89,7 @@ func (ec *etcdCluster) stop() {
 	for _, c := range ec.clients {
 		c.Close()
 	}
-	for _, cmd := range ec.cmds {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
+	for _, m := range ec.members {
+		m.kill()
 	}
 }

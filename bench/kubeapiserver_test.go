@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -29,16 +28,35 @@ import (
 // Skiff links, built from the module graph Skiff already requires.
 const kubeAPIServerModule = "k8s.io/kubernetes/cmd/kube-apiserver"
 
-// kubeAPIServerBinary builds kube-apiserver v1.37.2 once per machine into the user cache directory and
-// returns its path. It builds in a copy of Skiff's go.mod (with -mod=mod), so that the packages only
-// kube-apiserver needs (OIDC, bootstrap tokens) stay out of Skiff's own go.sum. A cold build takes minutes.
+// kubeAPIServerBinary builds kube-apiserver v1.37.2 once per machine (benchBuild).
 func kubeAPIServerBinary(b *testing.B) string {
+	return benchBuild(b, buildSpec{name: "kube-apiserver-v1.37.2", pkg: kubeAPIServerModule})
+}
+
+// buildSpec is a program the benchmarks run beside Skiff.
+type buildSpec struct {
+	name string   // the binary's name in the cache, with its version
+	pkg  string   // the main package
+	gets []string // modules to `go get` first, module@version
+	// main, when set, is the source of a main package built instead of pkg (for a program whose entry point
+	// is a library function, as etcd's etcdmain.Main).
+	main string
+	// after, when set, runs after the build in the module copy, with the cache directory (to keep files the
+	// program needs, such as kwok's stage definitions).
+	after func(mod, cacheDir string) error
+}
+
+// benchBuild builds a program once per machine into the user cache directory and returns its path. It builds
+// in a copy of Skiff's go.mod (with -mod=mod), so that the packages only these programs need stay out of
+// Skiff's own go.sum; the replace block keeps every Kubernetes module at v1.37.2's. A cold build takes minutes.
+func benchBuild(b *testing.B, spec buildSpec) string {
 	b.Helper()
 	cache, err := os.UserCacheDir()
 	if err != nil {
 		b.Fatal(err)
 	}
-	bin := filepath.Join(cache, "skiff-bench", "kube-apiserver-v1.37.2")
+	cacheDir := filepath.Join(cache, "skiff-bench")
+	bin := filepath.Join(cacheDir, spec.name)
 	if _, err := os.Stat(bin); err == nil {
 		return bin
 	}
@@ -52,15 +70,46 @@ func kubeAPIServerBinary(b *testing.B) string {
 			b.Fatal(err)
 		}
 	}
-	b.Logf("building %s into %s (once per machine)", kubeAPIServerModule, bin)
-	start := time.Now()
-	cmd := exec.Command("go", "build", "-mod=mod", "-o", bin, kubeAPIServerModule)
-	cmd.Dir = mod
-	if out, err := cmd.CombinedOutput(); err != nil {
-		b.Fatalf("go build %s: %v\n%s", kubeAPIServerModule, err, out)
+	gocmd := func(args ...string) {
+		if out, err := goOutput(mod, args...); err != nil {
+			b.Fatalf("go %v: %v\n%s", args, err, out)
+		}
 	}
-	b.Logf("built kube-apiserver in %v", time.Since(start).Round(time.Second))
+	for _, g := range spec.gets {
+		gocmd("get", g)
+	}
+	pkg := spec.pkg
+	if spec.main != "" {
+		if err := os.MkdirAll(filepath.Join(mod, "cmd"), 0o755); err != nil {
+			b.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(mod, "cmd", "main.go"), []byte(spec.main), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		pkg = "./cmd"
+	}
+	b.Logf("building %s into %s (once per machine)", spec.name, bin)
+	start := time.Now()
+	gocmd("build", "-o", bin+".tmp", pkg)
+	if spec.after != nil {
+		if err := spec.after(mod, cacheDir); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if err := os.Rename(bin+".tmp", bin); err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("built %s in %v", spec.name, time.Since(start).Round(time.Second))
 	return bin
+}
+
+// goOutput runs the go command in dir, in module mode with -mod=mod, and returns what it printed.
+func goOutput(dir string, args ...string) (string, error) {
+	cmd := exec.Command("go", args...)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod")
+	out, err := cmd.CombinedOutput()
+	return string(out), err
 }
 
 // kubeAPIServers is three kube-apiserver 1.37.2 processes, each over its own member of a three-member etcd
@@ -68,25 +117,26 @@ func kubeAPIServerBinary(b *testing.B) string {
 // enables by default. No controller manager runs: the benchmarks create what it would (a namespace's default
 // service account) themselves.
 type kubeAPIServers struct {
-	etcd    *etcdCluster
-	cmds    []*exec.Cmd
-	configs []*rest.Config
+	etcd     *etcdCluster
+	servers  []*benchProc
+	configs  []*rest.Config
+	saKey    string   // the service account signing key, which kube-controller-manager signs tokens with too
+	certDirs []string // each server's --cert-dir, where it writes its self-signed serving certificate
 }
 
 // pids are the processes whose CPU and memory the benchmarks count: kube-apiserver's and etcd's, which
 // together do what Skiff's server processes do.
 func (k *kubeAPIServers) pids() []int {
 	var pids []int
-	for _, c := range append(append([]*exec.Cmd(nil), k.cmds...), k.etcd.cmds...) {
-		pids = append(pids, c.Process.Pid)
+	for _, p := range append(append([]*benchProc(nil), k.servers...), k.etcd.members...) {
+		pids = append(pids, p.pid())
 	}
 	return pids
 }
 
 func (k *kubeAPIServers) stop() {
-	for _, cmd := range k.cmds {
-		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		cmd.Wait()
+	for _, p := range k.servers {
+		p.kill()
 	}
 	k.etcd.stop()
 }
@@ -107,6 +157,7 @@ func startKubeAPIServers(b *testing.B) *kubeAPIServers {
 		b.Fatal(err)
 	}
 	saKey := filepath.Join(dir, "sa.key")
+	k.saKey = saKey
 	if err := os.WriteFile(saKey, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), 0o600); err != nil {
 		b.Fatal(err)
 	}
@@ -119,31 +170,22 @@ func startKubeAPIServers(b *testing.B) *kubeAPIServers {
 	port := freeport.Take(b, ips, 1)[0]
 	for i, ip := range ips {
 		certDir := filepath.Join(dir, fmt.Sprintf("kas%d", i))
-		cmd := exec.Command(bin,
+		k.certDirs = append(k.certDirs, certDir)
+		p := &benchProc{name: fmt.Sprintf("kube-apiserver %d", i+1), bin: bin, log: filepath.Join(dir, fmt.Sprintf("kas%d.log", i)), args: []string{
 			"--etcd-servers", k.etcd.endpoints[i],
 			// kube-apiserver keeps default/kubernetes's endpoints only for addresses off the loopback range.
 			"--bind-address", ip, "--advertise-address", ip, "--endpoint-reconciler-type", "none",
 			"--secure-port", fmt.Sprint(port), "--cert-dir", certDir,
 			"--service-cluster-ip-range", "10.96.0.0/16", "--authorization-mode", "RBAC", "--token-auth-file", tokens,
 			"--service-account-key-file", saKey, "--service-account-signing-key-file", saKey,
-			"--service-account-issuer", "https://kubernetes.default.svc", "--profiling=false")
-		logPath := filepath.Join(dir, fmt.Sprintf("kas%d.log", i))
-		logf, err := os.Create(logPath)
-		if err != nil {
-			b.Fatal(err)
-		}
+			"--service-account-issuer", "https://kubernetes.default.svc", "--profiling=false"}}
 		b.Cleanup(func() {
 			if b.Failed() {
-				data, _ := os.ReadFile(logPath)
-				b.Logf("--- kube-apiserver %d log (tail) ---\n%s", i+1, data[max(0, len(data)-3000):])
+				b.Logf("--- %s log (tail) ---\n%s", p.name, p.logTail())
 			}
 		})
-		cmd.Stdout, cmd.Stderr = logf, logf
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
-		k.cmds = append(k.cmds, cmd)
+		p.start(b)
+		k.servers = append(k.servers, p)
 		k.configs = append(k.configs, &rest.Config{Host: fmt.Sprintf("https://%s:%d", ip, port), BearerToken: token,
 			TLSClientConfig: rest.TLSClientConfig{Insecure: true}, QPS: -1})
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -30,6 +31,7 @@ import (
 
 var (
 	scaleSteps          = flag.String("scale.steps", "500", "node counts, comma-separated: one fresh cluster per step")
+	scaleSystems        = flag.String("scale.systems", "skiff,kubernetes", "the systems each step runs on, in turn: skiff, kubernetes (kube-apiserver, etcd, kube-controller-manager, kube-scheduler and kwok, all built here)")
 	scalePodsPerNode    = flag.Int("scale.pods-per-node", 30, "running pods per node the workload aims at (clusterloader2's PODS_PER_NODE)")
 	scaleNodesPerNS     = flag.Int("scale.nodes-per-namespace", 100, "nodes per test namespace (clusterloader2's NODES_PER_NAMESPACE)")
 	scaleNodesPerMember = flag.Int("scale.nodes-per-member", 50, "simulated nodes each gossip member (agent process) hosts")
@@ -74,9 +76,15 @@ func BenchmarkScale(b *testing.B) {
 		if err != nil || nodes < 1 {
 			b.Fatalf("-scale.steps: %q is not a node count", f)
 		}
-		b.Run(fmt.Sprintf("skiff-%d", nodes), func(b *testing.B) {
-			rows = append(rows, scaleStep(b, startSkiffScale(b, nodes), nodes))
-		})
+		for _, system := range strings.Split(*scaleSystems, ",") {
+			start, ok := map[string]func(*testing.B, int) *scaleTarget{"skiff": startSkiffScale, "kubernetes": startKubeScale}[system]
+			if !ok {
+				b.Fatalf("-scale.systems: %q is neither skiff nor kubernetes", system)
+			}
+			b.Run(fmt.Sprintf("%s-%d", system, nodes), func(b *testing.B) {
+				rows = append(rows, scaleStep(b, start(b, nodes), nodes))
+			})
+		}
 	}
 	table := scaleTable(rows)
 	fmt.Println(table) // the parent benchmark's own log is not printed beside its sub-benchmarks'
@@ -94,7 +102,9 @@ func BenchmarkScale(b *testing.B) {
 type scaleTarget struct {
 	system  string
 	clients []kubernetes.Interface // one per server
-	pids    func() []int           // the control plane's processes
+	// machines are the control plane's processes, by server: a Skiff server's one process; a Kubernetes
+	// control-plane machine's etcd, kube-apiserver, kube-controller-manager and kube-scheduler.
+	machines func() [][]int
 	// killLeader kills the leader with SIGKILL and returns the index of a survivor and a restart function.
 	killLeader func() (survivor, killed int, restart func())
 }
@@ -121,7 +131,13 @@ func startSkiffScale(b *testing.B, nodes int) *scaleTarget {
 	return &scaleTarget{
 		system:  "skiff",
 		clients: clients,
-		pids:    func() []int { return clusterPIDs(c) },
+		machines: func() [][]int {
+			var m [][]int
+			for _, pid := range clusterPIDs(c) {
+				m = append(m, []int{pid})
+			}
+			return m
+		},
 		killLeader: func() (int, int, func()) {
 			name := c.HealthyPeers(c.Procs[0], 3)
 			for i, p := range c.Procs {
@@ -184,7 +200,7 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 	watcher := watchPods(b, t.clients[0])
 	defer watcher.stop()
 
-	cpu := startCPUOf(b, t.pids())
+	cpu := startCPUOf(b, slices.Concat(t.machines()...))
 	probeCtx, stopProbes := context.WithCancel(ctx)
 	probesDone := probe(probeCtx, t.clients, namespaces, lat)
 
@@ -236,8 +252,12 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 
 	row := scaleRow{system: t.system, nodes: nodes, pods: want, p99: map[string]time.Duration{}, saturation: saturation, churn: churn,
 		cpuSeconds: float64(serversTicks) / 100}
-	for _, pid := range t.pids() {
-		hwm := peakRSS(b, pid)
+	// A machine's peak is the sum of its processes' peaks: an upper bound where it has several.
+	for _, m := range t.machines() {
+		var hwm int64
+		for _, pid := range m {
+			hwm += peakRSS(b, pid)
+		}
 		row.peakRSS = max(row.peakRSS, hwm)
 		row.peakRSSTotal += hwm
 	}
@@ -638,7 +658,7 @@ func peakRSS(b *testing.B, pid int) int64 {
 // scaleTable is the rows as a Markdown table: the SLIs' p99 with whether each SLO held, and the costs.
 func scaleTable(rows []scaleRow) string {
 	var s strings.Builder
-	s.WriteString("| system | nodes | pods running | mutating p99 | get p99 | list (ns) p99 | list (cluster) p99 | pod startup p50 / p99 | SLOs | saturation / churn | CPU s | peak RSS per server / all | idle writes per node per min | failover | restarted server reads |\n")
+	s.WriteString("| system | nodes | pods running | mutating p99 | get p99 | list (ns) p99 | list (cluster) p99 | pod startup p50 / p99 | SLOs | saturation / churn | CPU s | peak RSS per server (machine) / all | idle writes per node per min | failover | restarted server reads |\n")
 	s.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		var missed []string
