@@ -20,6 +20,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -271,12 +272,14 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 	b.Logf("pod startup: %d pods, p50 %.0f ms, p99 %.0f ms", len(startups), ms(row.startupP50), ms(row.p99["pod-startup"]))
 
 	// The idle cluster's writes: the store's revision before and after the window, which starts once the
-	// controllers' last status updates of the churn are in.
-	time.Sleep(10 * time.Second)
+	// controllers' last status updates of the churn are in. (Skiff's revision is its Raft index, which also
+	// counts the empty entry that tells followers of a commit at once: the watches count object writes.)
+	time.Sleep(30 * time.Second)
 	rev0 := storeRevision(b, t.clients[0])
-	time.Sleep(*scaleIdle)
+	byKind := idleWriters(ctx, t.clients[0], rev0, *scaleIdle)
 	rev1 := storeRevision(b, t.clients[0])
 	row.idleWritesPerNodeMin = float64(rev1-rev0) / float64(nodes) / scaleIdle.Minutes()
+	b.Logf("idle for %v: %d writes (%.2f per node per minute); by kind, as watches saw them: %v", *scaleIdle, rev1-rev0, row.idleWritesPerNodeMin, byKind)
 
 	// A leader killed at full size.
 	survivor, killed, restart := t.killLeader()
@@ -638,6 +641,62 @@ func storeRevision(b *testing.B, client kubernetes.Interface) int64 {
 		b.Fatalf("resourceVersion %q: %v", list.ResourceVersion, err)
 	}
 	return rv
+}
+
+// idleWriters watches the kinds a cluster writes on its own from revision rev for the window and counts the
+// changes of each, so that the idle writes can be told apart.
+func idleWriters(ctx context.Context, c kubernetes.Interface, rev int64, window time.Duration) map[string]int {
+	ctx, cancel := context.WithTimeout(ctx, window)
+	defer cancel()
+	kinds := map[string]func(metav1.ListOptions) (watch.Interface, error){
+		"nodes": func(o metav1.ListOptions) (watch.Interface, error) { return c.CoreV1().Nodes().Watch(ctx, o) },
+		"leases": func(o metav1.ListOptions) (watch.Interface, error) {
+			return c.CoordinationV1().Leases("").Watch(ctx, o)
+		},
+		"events": func(o metav1.ListOptions) (watch.Interface, error) { return c.CoreV1().Events("").Watch(ctx, o) },
+		"pods":   func(o metav1.ListOptions) (watch.Interface, error) { return c.CoreV1().Pods("").Watch(ctx, o) },
+		"endpointslices": func(o metav1.ListOptions) (watch.Interface, error) {
+			return c.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
+		},
+		"configmaps":  func(o metav1.ListOptions) (watch.Interface, error) { return c.CoreV1().ConfigMaps("").Watch(ctx, o) },
+		"deployments": func(o metav1.ListOptions) (watch.Interface, error) { return c.AppsV1().Deployments("").Watch(ctx, o) },
+		"replicasets": func(o metav1.ListOptions) (watch.Interface, error) { return c.AppsV1().ReplicaSets("").Watch(ctx, o) },
+		"daemonsets":  func(o metav1.ListOptions) (watch.Interface, error) { return c.AppsV1().DaemonSets("").Watch(ctx, o) },
+		"jobs":        func(o metav1.ListOptions) (watch.Interface, error) { return c.BatchV1().Jobs("").Watch(ctx, o) },
+		"services":    func(o metav1.ListOptions) (watch.Interface, error) { return c.CoreV1().Services("").Watch(ctx, o) },
+	}
+	var mu sync.Mutex
+	counts := map[string]int{}
+	var wg sync.WaitGroup
+	for kind, start := range kinds {
+		w, err := start(metav1.ListOptions{ResourceVersion: strconv.FormatInt(rev, 10)})
+		if err != nil {
+			counts[kind+" (watch failed)"] = 0
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer w.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case ev, ok := <-w.ResultChan():
+					if !ok {
+						return
+					}
+					if ev.Type != watch.Bookmark && ev.Type != watch.Error {
+						mu.Lock()
+						counts[kind]++
+						mu.Unlock()
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return counts
 }
 
 // peakRSS is a process's peak resident memory (VmHWM).
