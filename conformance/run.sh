@@ -47,11 +47,33 @@ stamp="-X k8s.io/component-base/version.gitVersion=$kube -X k8s.io/component-bas
 # links them again, which took about 2 minutes of each CI run.
 key=$(cat go.mod go.sum "$root/conformance/run.sh" | { cat; $GO version; } | sha256sum | cut -c1-16)
 cache=${SKIFF_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/skiff}/conformance/$key
-programs=(e2e.test ginkgo kubectl agnhost sample-apiserver nnp)
+programs=(e2e.test ginkgo kubectl agnhost sample-apiserver nnp busybox)
+# busybox as upstream's busybox image has it: release 1.37.0 built with its defconfig, statically, from the
+# source tarball Debian's archive keeps (checked against the digest Debian's busybox_1.37.0-6.dsc gives).
+# Debian's own busybox-static (1.35) has an ash that drops environment variables whose names are not shell
+# identifiers, which four env tests pass through `sh -c env`; the release's ash passes them on.
+busybox_version=1.37.0
+busybox_sha256=3311dff32e746499f4df0d5df04d7eb396382d7e108bb9250e7b519b837043a4
+build_busybox() { # build_busybox OUT
+	local work tarball=busybox_$busybox_version.orig.tar.bz2
+	work=$(mktemp -d)
+	curl -fsSL -o "$work/$tarball" "http://deb.debian.org/debian/pool/main/b/busybox/$tarball"
+	echo "$busybox_sha256  $work/$tarball" | sha256sum -c --quiet
+	tar -xjf "$work/$tarball" -C "$work"
+	(
+		cd "$work/busybox-$busybox_version"
+		make defconfig >/dev/null
+		# Static, as the image has no libc; tc does not build against this kernel's headers (CBQ is gone).
+		sed -i 's/^# CONFIG_STATIC is not set/CONFIG_STATIC=y/; s/^CONFIG_TC=y/# CONFIG_TC is not set/' .config
+		make -j"$(nproc)" >/dev/null 2>&1 || make
+	)
+	cp "$work/busybox-$busybox_version/busybox" "$1"
+	rm -rf "$work"
+}
 if [ -f "$cache/complete" ]; then
-	log "e2e.test, ginkgo, kubectl $kube, agnhost, sample-apiserver and nonewprivs from $cache"
+	log "e2e.test, ginkgo, kubectl $kube, agnhost, sample-apiserver, nonewprivs and busybox from $cache"
 else
-	log "building e2e.test, ginkgo, kubectl $kube, agnhost, sample-apiserver and nonewprivs"
+	log "building e2e.test, ginkgo, kubectl $kube, agnhost, sample-apiserver, nonewprivs and busybox $busybox_version"
 	rm -rf "$cache" && mkdir -p "$cache"
 	$GO test -c -ldflags "$stamp" -o "$cache/e2e.test" k8s.io/kubernetes/test/e2e
 	$GO build -o "$cache/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
@@ -59,6 +81,7 @@ else
 	CGO_ENABLED=0 $GO build -trimpath -ldflags '-s -w' -o "$cache/agnhost" k8s.io/kubernetes/test/images/agnhost
 	CGO_ENABLED=0 $GO build -trimpath -ldflags "-s -w $stamp" -o "$cache/sample-apiserver" k8s.io/sample-apiserver
 	CGO_ENABLED=0 $GO build -trimpath -ldflags '-s -w' -o "$cache/nnp" k8s.io/kubernetes/test/images/nonewprivs
+	build_busybox "$cache/busybox"
 	touch "$cache/complete"
 	# Other keys' builds are of no further use once they are old (a recent one may be another checkout's, in use).
 	find "$(dirname "$cache")" -mindepth 1 -maxdepth 1 -not -name "$key" -mmin +120 -exec rm -rf {} +
@@ -72,7 +95,7 @@ $GO build -o "$bin/report" ./conformance/report
 log "building the suite's images"
 rm -rf "$dir/images"
 $GO run ./conformance/images -out "$dir/images" -agnhost "$bin/agnhost" -sample-apiserver "$bin/sample-apiserver" \
-	-pause "$bin/pause" -nonewprivs "$bin/nnp" -test-images "$kmod/test/images" >/dev/null
+	-pause "$bin/pause" -nonewprivs "$bin/nnp" -busybox "$bin/busybox" -test-images "$kmod/test/images" >/dev/null
 
 cluster=$dir/cluster
 "$root/bin/skiff" local down --dir "$cluster" >/dev/null 2>&1 || true
@@ -116,7 +139,21 @@ exec 3>&2
 	if [ -n "${CONFORMANCE_KILL_LEADER:-}" ]; then
 		(
 			sleep "$CONFORMANCE_KILL_LEADER"
-			leader=$("$root/bin/skiff" local status --dir "$cluster" | sed -n 's/^leader: \([^ ]*\).*/\1/p')
+			leader_of() { "$root/bin/skiff" local status --dir "$cluster" | sed -n 's/^leader: \([^ ]*\).*/\1/p'; }
+			leader=$(leader_of)
+			# The suite talks to one server (its kubeconfig's current context), as a client without a load
+			# balancer does: killing that one fails every request in flight whatever the cluster does. So when
+			# it leads, the leadership moves first and the new leader is killed.
+			suite_server=$("$bin/kubectl" config current-context)
+			if [ -n "$leader" ] && [ "$leader" = "$suite_server" ]; then
+				log "the leader, $leader, is the server the suite talks to: moving the leadership away first"
+				"$root/bin/skiff" operator raft transfer-leadership >&3 2>&3 || true
+				for _ in $(seq 50); do
+					leader=$(leader_of)
+					[ -n "$leader" ] && [ "$leader" != "$suite_server" ] && break
+					sleep 0.2
+				done
+			fi
 			log "killing the leader, ${leader:-none found}"
 			[ -n "$leader" ] || exit 0
 			"$root/bin/skiff" local kill --dir "$cluster" "$leader"

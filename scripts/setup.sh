@@ -4,9 +4,10 @@ set -euo pipefail
 
 # Debian packages: the container runtime, networking and registry pieces the node agent and its tests use,
 # and etcd-server, which the benchmarks run beside Skiff for comparison.
-# bind9-dnsutils, netcat-openbsd and nginx-light go into the conformance suite's images (conformance/images).
+# bind9-dnsutils, netcat-openbsd and nginx-light go into the conformance suite's images (conformance/images);
+# gcc, make, libc6-dev and bzip2 build its busybox from the release's source (conformance/run.sh).
 packages=(containerd runc iptables conntrack ipset containernetworking-plugins busybox-static docker-registry etcd-server iproute2 curl ca-certificates
-  bind9-dnsutils netcat-openbsd nginx-light)
+  bind9-dnsutils netcat-openbsd nginx-light gcc make libc6-dev bzip2)
 
 missing=()
 for p in "${packages[@]}"; do

@@ -9,7 +9,8 @@
 //     host's dig, nslookup, host, curl, OpenBSD nc and glibc's getent with their shared libraries (and an
 //     nsswitch.conf that reads /etc/hosts first, as musl does); kitten and nautilus add
 //     their web pages and run `agnhost test-webserver`.
-//   - busybox: the host's busybox-static with a link for each applet, and bash as sh (see base).
+//   - busybox: busybox 1.37.0 (built by conformance/run.sh from the release's source with its defconfig, as
+//     upstream's image is) with a link for each applet.
 //   - glibc-dns-testing: the base with dig, nslookup, host and getent, for the DNS tests' queriers.
 //   - nginx (both versions): the host's nginx (Debian's nginx-light) serving its default page on port 80.
 //   - nonroot: the base, run as user 1234.
@@ -47,15 +48,16 @@ func main() {
 	pause := flag.String("pause", "", "Skiff's pause binary (cmd/skiff-pause, static)")
 	nnp := flag.String("nonewprivs", "", "the nonewprivs program (k8s.io/kubernetes/test/images/nonewprivs, static)")
 	testImages := flag.String("test-images", "", "k8s.io/kubernetes' test/images directory, for the kitten and nautilus pages")
+	busybox := flag.String("busybox", "", "a static busybox binary, whose applets are the images' base")
 	flag.Parse()
-	if *out == "" || *agnhost == "" || *sampleAPIServer == "" || *pause == "" || *nnp == "" || *testImages == "" {
+	if *out == "" || *agnhost == "" || *sampleAPIServer == "" || *pause == "" || *nnp == "" || *testImages == "" || *busybox == "" {
 		flag.Usage()
 		os.Exit(2)
 	}
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		log.Fatal(err)
 	}
-	b := &builder{}
+	b := &builder{busyboxPath: *busybox}
 	specs := []struct {
 		images []imageutils.ImageID
 		spec   func() images.Spec
@@ -112,7 +114,10 @@ func write(img v1.Image, ref, dir string) error {
 }
 
 // builder assembles image specs from host files; the first error sticks and stops the run.
-type builder struct{ err error }
+type builder struct {
+	busyboxPath string
+	err         error
+}
 
 func (b *builder) read(path string) []byte {
 	data, err := os.ReadFile(path)
@@ -122,9 +127,9 @@ func (b *builder) read(path string) []byte {
 	return data
 }
 
-// busybox is the busybox image: the host's busybox-static with a link for each applet.
+// busybox is the busybox image: the busybox binary with a link for each applet.
 func (b *builder) busybox() images.Spec {
-	spec, err := images.Busybox(images.BusyboxPath)
+	spec, err := images.Busybox(b.busyboxPath)
 	if err != nil && b.err == nil {
 		b.err = err
 	}
@@ -134,13 +139,10 @@ func (b *builder) busybox() images.Spec {
 // base is busybox plus the given host binaries (with their shared libraries), which replace busybox applets
 // of the same name, and an /etc/passwd and /etc/group that also hold agnhost's user-defined-in-image (1000)
 // and group-defined-in-image (50000).
-//
-// Its sh is the host's bash: the suite's env tests run `sh -c env` and expect variables whose names are not
-// shell identifiers (envFrom keys such as data-1), which bash passes on and Debian's busybox ash drops.
 func (b *builder) base(binaries ...string) images.Spec {
 	spec := b.busybox()
-	host := map[string]bool{"sh": true}
-	files := append(b.hostBinary("/usr/bin/bash", "/bin/bash"), images.File{Path: "/bin/sh", Link: "bash"})
+	host := map[string]bool{}
+	var files []images.File
 	for _, bin := range binaries {
 		host[filepath.Base(bin)] = true
 		files = append(files, b.hostBinary(bin, bin)...)
