@@ -30,6 +30,38 @@ const kwokVersion = "v0.8.0"
 var kwokStages = []string{"node/fast/node-initialize.yaml", "node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
 	"pod/fast/pod-ready.yaml", "pod/fast/pod-complete.yaml", "pod/fast/pod-delete.yaml"}
 
+// kwokReadyAgain is a stage of this benchmark's own beside kwok's: a running pod that is not Ready becomes
+// Ready again, as a kubelet reports it once its node is back. kwok's fast stages make a pod ready only when it
+// is Pending, so a pod the node lifecycle controller marked not Ready (its node's Lease renewed late on this
+// loaded machine) would stay so.
+const kwokReadyAgain = `apiVersion: kwok.x-k8s.io/v1alpha1
+kind: Stage
+metadata:
+  name: pod-ready-again
+spec:
+  resourceRef:
+    apiGroup: v1
+    kind: Pod
+  selector:
+    matchExpressions:
+    - key: '.metadata.deletionTimestamp'
+      operator: 'DoesNotExist'
+    - key: '.status.phase'
+      operator: 'In'
+      values:
+      - 'Running'
+    - key: '.status.conditions.[] | select( .type == "Ready" ) | .status'
+      operator: 'NotIn'
+      values:
+      - 'True'
+  next:
+    statusTemplate: |
+      conditions:
+      - lastTransitionTime: {{ Now | Quote }}
+        status: "True"
+        type: Ready
+`
+
 // kwokBinary builds kwok with Skiff's module graph (so its Kubernetes libraries are 1.37.2's) and keeps its
 // stages beside it; it returns the binary and the stage file.
 func kwokBinary(b *testing.B) (bin, stages string) {
@@ -74,8 +106,16 @@ func startKubeScale(b *testing.B, nodes int) *scaleTarget {
 	k := startKubeAPIServers(b)
 	kcm := benchBuild(b, buildSpec{name: "kube-controller-manager-v1.37.2", pkg: "k8s.io/kubernetes/cmd/kube-controller-manager"})
 	sched := benchBuild(b, buildSpec{name: "kube-scheduler-v1.37.2", pkg: "k8s.io/kubernetes/cmd/kube-scheduler"})
-	kwok, stages := kwokBinary(b)
+	kwok, kwokStagesFile := kwokBinary(b)
 	dir := b.TempDir()
+	kwokStages, err := os.ReadFile(kwokStagesFile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	stages := filepath.Join(dir, "kwok-stages.yaml")
+	if err := os.WriteFile(stages, append(kwokStages, "\n---\n"+kwokReadyAgain...), 0o644); err != nil {
+		b.Fatal(err)
+	}
 	ports := freeport.Take(b, []string{"127.0.0.1"}, 3)
 	machines := make([]*kubeMachine, 3)
 	var clients []kubernetes.Interface
@@ -85,15 +125,20 @@ func startKubeScale(b *testing.B, nodes int) *scaleTarget {
 		m := &kubeMachine{etcd: k.etcd.members[i], apiserver: k.servers[i]}
 		m.controlPlane = []*benchProc{
 			{name: fmt.Sprintf("kube-controller-manager %d", i+1), bin: kcm, log: filepath.Join(dir, fmt.Sprintf("kcm%d.log", i)), args: []string{
+				// The client rate sig-scalability's large-cluster tests give it (100 QPS); kubeadm's default,
+				// 20 QPS, would make the ReplicaSet controller, not the control plane, the limit here.
+				"--kube-api-qps=100", "--kube-api-burst=100",
 				"--kubeconfig", kubeconfig, "--leader-elect=true", "--secure-port=0", "--controllers=*",
 				"--service-account-private-key-file", k.saKey, "--use-service-account-credentials=false",
 				"--root-ca-file", filepath.Join(k.certDirs[i], "apiserver.crt"), "--profiling=false"}},
 			{name: fmt.Sprintf("kube-scheduler %d", i+1), bin: sched, log: filepath.Join(dir, fmt.Sprintf("sched%d.log", i)), args: []string{
+				"--kube-api-qps=100", "--kube-api-burst=100",
 				"--kubeconfig", kubeconfig, "--leader-elect=true", "--secure-port=0", "--profiling=false"}},
 		}
 		m.kwok = &benchProc{name: fmt.Sprintf("kwok %d", i+1), bin: kwok, log: filepath.Join(dir, fmt.Sprintf("kwok%d.log", i)), args: []string{
 			"--kubeconfig", kubeconfig, "--config", stages, "--manage-nodes-with-label-selector", fmt.Sprintf("skiff.dev/bench-kwok=%d", i),
-			"--server-address", fmt.Sprintf("127.0.0.1:%d", ports[i]), "--node-ip", "10.0.0.1"}}
+			"--server-address", fmt.Sprintf("127.0.0.1:%d", ports[i]), "--node-ip", "10.0.0.1",
+			"--node-lease-duration-seconds", "40"}} // kubelet's: renewed every 10 s
 		for _, p := range append(m.controlPlane, m.kwok) {
 			b.Cleanup(func() {
 				p.kill()

@@ -48,6 +48,29 @@ func profileServers(b *testing.B, clients []kubernetes.Interface, name string, d
 	return wg.Wait
 }
 
+// heapProfiles writes every server's heap profile (in use, after a GC) as <dir>/<name>-heap-server-<i>.pprof;
+// it does nothing without -bench.profile-dir.
+func heapProfiles(b *testing.B, clients []kubernetes.Interface, name string) {
+	if *profileDir == "" {
+		return
+	}
+	if err := os.MkdirAll(*profileDir, 0o755); err != nil {
+		b.Fatal(err)
+	}
+	for i, client := range clients {
+		data, err := client.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/heap").Param("gc", "1").
+			Timeout(time.Minute).DoRaw(context.Background())
+		if err != nil {
+			b.Logf("heap profile of server %d: %v", i+1, err)
+			continue
+		}
+		path := filepath.Join(*profileDir, fmt.Sprintf("%s-heap-server-%d.pprof", name, i+1))
+		if err := os.WriteFile(path, data, 0o644); err != nil {
+			b.Logf("heap profile of server %d: %v", i+1, err)
+		}
+	}
+}
+
 // cpuMeter reads the CPU time used by the benchmark process (the clients) and by the servers, so that a
 // phase's cost per operation can be reported beside its rate.
 type cpuMeter struct {

@@ -218,6 +218,7 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 	watcher.waitRunning(b, want, 60*time.Minute)
 	saturation := time.Since(t0)
 	b.Logf("saturation: %d pods running on %d nodes %v after the first create (%d objects created)", want, nodes, saturation.Round(time.Second), len(ops))
+	heapProfiles(b, t.clients, fmt.Sprintf("scale-%s-%d", t.system, nodes))
 	// The lists at full size, through every server, beside the probe's periodic ones.
 	for i, c := range t.clients {
 		for _, l := range []struct {
