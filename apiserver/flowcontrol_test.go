@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 
 	"github.com/skiff-dev/skiff/apiserver"
 	"github.com/skiff-dev/skiff/internal/proctest"
@@ -76,9 +77,20 @@ func TestFlowControlConfiguration(t *testing.T) {
 	if len(created.Status.Conditions) != 0 {
 		t.Errorf("status set on create: %+v", created.Status)
 	}
-	created.Status.Conditions = []flowcontrolv1.FlowSchemaCondition{{Type: "Dangling", Status: "False", Reason: "Found",
-		LastTransitionTime: metav1.Now()}}
-	updated, err := fc.FlowSchemas().UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	// The server's configuration controller writes the Dangling condition too (as kube-apiserver's does), so
+	// an update of the created object's resourceVersion may meet a conflict: read again and retry, as a
+	// client of kube-apiserver must.
+	var updated *flowcontrolv1.FlowSchema
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		current, err := fc.FlowSchemas().Get(ctx, "mine", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		current.Status.Conditions = []flowcontrolv1.FlowSchemaCondition{{Type: "Dangling", Status: "False",
+			Reason: "Found", LastTransitionTime: metav1.Now()}}
+		updated, err = fc.FlowSchemas().UpdateStatus(ctx, current, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
