@@ -344,4 +344,23 @@ func TestJobServerSideApply(t *testing.T) {
 	if _, err := c.BatchV1().Jobs(ns).Patch(ctx, "ssa", types.ApplyPatchType, other, metav1.PatchOptions{FieldManager: "second"}); !apierrors.IsConflict(err) {
 		t.Fatalf("a second manager changing parallelism: %v, want 409 Conflict", err)
 	}
+	// An update that carries no managed fields, as a controller's does from a cache that drops them
+	// (internal/cachetransform), keeps the stored ones: the applier still owns what it applied.
+	stored, err := c.BatchV1().Jobs(ns).Get(ctx, "ssa", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored.ManagedFields = nil
+	stored.Spec.Parallelism = kptr.To[int32](4)
+	updated, err := c.BatchV1().Jobs(ns).Update(ctx, stored, metav1.UpdateOptions{FieldManager: "controller"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	managers := map[string]metav1.ManagedFieldsOperationType{}
+	for _, m := range updated.ManagedFields {
+		managers[m.Manager] = m.Operation
+	}
+	if managers["first"] != metav1.ManagedFieldsOperationApply || managers["controller"] != metav1.ManagedFieldsOperationUpdate {
+		t.Errorf("managed fields after an update without them: %v; want first's apply kept and controller's update", managers)
+	}
 }

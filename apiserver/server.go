@@ -49,6 +49,7 @@ import (
 	"github.com/skiff-dev/skiff/apiserver/extensions"
 	"github.com/skiff-dev/skiff/apiserver/openapi"
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
+	"github.com/skiff-dev/skiff/internal/cachetransform"
 	"github.com/skiff-dev/skiff/internal/lbpool"
 )
 
@@ -184,7 +185,9 @@ func New(c Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	cfg.SharedInformerFactory = informers.NewSharedInformerFactory(client, 0)
+	// Admission, the authorizers and flow control read these caches; none reads managed fields, which are a
+	// third of a stored pod.
+	cfg.SharedInformerFactory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(cachetransform.StripManagedFields))
 	// API Priority and Fairness, on by default as in kube-apiserver: each request is classified by the
 	// FlowSchemas (kinds_flowcontrol.go keeps the bootstrap ones), waits in its priority level's fair queues
 	// and is refused with 429 when they are full; exempt ones (system:masters, health checks) pass at once.

@@ -7,6 +7,8 @@ import (
 	"k8s.io/client-go/metadata/metadatainformer"
 	"k8s.io/controller-manager/pkg/informerfactory"
 	"k8s.io/kubernetes/pkg/controller/garbagecollector"
+
+	"github.com/skiff-dev/skiff/internal/cachetransform"
 )
 
 // Kube-controller-manager's defaults: --concurrent-gc-syncs 20, and discovery of the deletable resources
@@ -24,7 +26,7 @@ const (
 // included. Events are not watched (kube's default ignored resources). Being event-driven, it acts as a
 // change arrives, however many objects the cluster holds.
 func buildGarbageCollector(ctx context.Context, c *Clients) (func(), error) {
-	meta := metadatainformer.NewSharedInformerFactory(c.Metadata, 0)
+	meta := metadatainformer.NewSharedInformerFactoryWithOptions(c.Metadata, 0, metadatainformer.WithTransform(cachetransform.StripManagedFields))
 	started := make(chan struct{})
 	gc, err := garbagecollector.NewGarbageCollector(ctx, c.Kube, c.Metadata, c.restMapper,
 		garbagecollector.DefaultIgnoredResources(), informerfactory.NewInformerFactory(c.Informers, meta), started)

@@ -25,6 +25,8 @@ import (
 	kubecontroller "k8s.io/kubernetes/pkg/controller"
 	"k8s.io/kubernetes/pkg/controller/history"
 	volumecommon "k8s.io/kubernetes/pkg/controller/volume/common"
+
+	"github.com/skiff-dev/skiff/internal/cachetransform"
 )
 
 // Clients are what controllers talk to the API with.
@@ -74,7 +76,7 @@ func NewClients(cfg *rest.Config, logger hclog.Logger) (*Clients, error) {
 	if err := c.connect(cfg); err != nil {
 		return nil, err
 	}
-	c.Informers = informers.NewSharedInformerFactory(c.Kube, 0)
+	c.Informers = informers.NewSharedInformerFactoryWithOptions(c.Kube, 0, informers.WithTransform(cachetransform.StripManagedFields))
 	return c, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"k8s.io/kubernetes/pkg/controller/resourcequota"
 	quotainstall "k8s.io/kubernetes/pkg/quota/v1/install"
 
+	"github.com/skiff-dev/skiff/internal/cachetransform"
 	"github.com/skiff-dev/skiff/internal/quotaconfig"
 )
 
@@ -31,7 +32,7 @@ const (
 // metadata informers.
 func buildResourceQuotaController(ctx context.Context, c *Clients) (func(), error) {
 	f := c.Informers
-	meta := metadatainformer.NewSharedInformerFactory(c.Metadata, 0)
+	meta := metadatainformer.NewSharedInformerFactoryWithOptions(c.Metadata, 0, metadatainformer.WithTransform(cachetransform.StripManagedFields))
 	objectOrMetadata := informerfactory.NewInformerFactory(f, meta)
 	config, err := quotaconfig.New(f, generic.ListerFuncForResourceFunc(objectOrMetadata.ForResource))
 	if err != nil {

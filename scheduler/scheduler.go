@@ -14,7 +14,6 @@ import (
 	"github.com/hashicorp/go-hclog"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -26,6 +25,8 @@ import (
 	schedulinglisters "k8s.io/client-go/listers/scheduling/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/skiff-dev/skiff/internal/cachetransform"
 )
 
 // SchedulerName is the name pods give to be placed by this scheduler.
@@ -125,7 +126,7 @@ func (s *Scheduler) Run(ctx context.Context) error {
 
 	// Managed fields are for apply; the scheduler never reads them, and at 50,000 pods they would be most
 	// of its memory.
-	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(stripManagedFields))
+	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(cachetransform.StripManagedFields))
 	s.namespaces = factory.Core().V1().Namespaces().Lister()
 	s.priorityClasses = factory.Scheduling().V1().PriorityClasses().Lister()
 	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -188,14 +189,6 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	}
 	s.inflight.Wait()
 	return nil
-}
-
-// stripManagedFields drops managed fields from the objects the informers store.
-func stripManagedFields(obj any) (any, error) {
-	if m, err := meta.Accessor(obj); err == nil {
-		m.SetManagedFields(nil)
-	}
-	return obj, nil
 }
 
 func unwrap[T any](obj any) (T, bool) {

@@ -28,6 +28,7 @@ import (
 	metricsv1beta1 "k8s.io/metrics/pkg/apis/metrics/v1beta1"
 
 	"github.com/skiff-dev/skiff/apiserver"
+	"github.com/skiff-dev/skiff/internal/cachetransform"
 )
 
 // The servers answer the metrics.k8s.io API (kubectl top) themselves, with what metrics-server would
@@ -429,7 +430,7 @@ func (s *Server) nodeLister(ctx context.Context) func() ([]*corev1.Node, error) 
 		if err != nil {
 			return
 		}
-		factory := informers.NewSharedInformerFactory(client, 0)
+		factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(cachetransform.StripManagedFields))
 		nodes := factory.Core().V1().Nodes()
 		l := nodes.Lister()
 		factory.Start(ctx.Done())

@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/skiff-dev/skiff/internal/cachetransform"
 )
 
 // Options say whose routes a host keeps.
@@ -38,7 +40,7 @@ type Options struct {
 // and goes when it is deleted. Only routes it made are removed; every minute it puts back what someone else
 // removed.
 func Sync(ctx context.Context, o Options) {
-	factory := informers.NewSharedInformerFactory(o.Client, 0)
+	factory := informers.NewSharedInformerFactoryWithOptions(o.Client, 0, informers.WithTransform(cachetransform.StripManagedFields))
 	nodes := factory.Core().V1().Nodes()
 	kick := make(chan struct{}, 1)
 	notify := func(any) {

@@ -1,0 +1,38 @@
+package cachetransform
+
+import (
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
+)
+
+func TestStripManagedFields(t *testing.T) {
+	pod := func() *corev1.Pod {
+		return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Labels: map[string]string{"a": "b"},
+			ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl", Operation: metav1.ManagedFieldsOperationApply}}}}
+	}
+	out, err := StripManagedFields(pod())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := out.(*corev1.Pod); p.ManagedFields != nil || p.Labels["a"] != "b" {
+		t.Errorf("stripped pod: %+v", p.ObjectMeta)
+	}
+	tomb := cache.DeletedFinalStateUnknown{Key: "ns/p", Obj: pod()}
+	out, err = StripManagedFields(tomb)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, ok := out.(cache.DeletedFinalStateUnknown)
+	if !ok {
+		t.Fatalf("a tombstone came back as %T", out)
+	}
+	if got.Obj.(*corev1.Pod).ManagedFields != nil {
+		t.Error("the tombstone's object kept its managed fields")
+	}
+	if out, err := StripManagedFields("not an object"); err != nil || out != "not an object" {
+		t.Errorf("a non-object: %v, %v", out, err)
+	}
+}
