@@ -9,6 +9,7 @@ import (
 	"net/rpc"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -110,14 +111,12 @@ type Node struct {
 	addr   net.Addr
 
 	notifyCh chan bool
-	// ready is closed once this peer, as leader, has applied a no-op of its own term; replaced on each term.
 	leaderMu sync.Mutex
-	ready    chan struct{}
-	// leadDone is closed when the current (or last) term's leadership ends; nil before the first.
-	leadDone   <-chan struct{}
-	services   []leaderService
-	cancelLead context.CancelFunc
-	leadWG     sync.WaitGroup
+	// term is this peer's current term of leadership, nil when it does not lead; lastTerm is the most recent
+	// one, which may still be stopping its services.
+	term, lastTerm *leaderTerm
+	services       []leaderService
+	leadWG         sync.WaitGroup // one per term, until its services have returned
 
 	// Linearizable reads on the leader share leadership checks: a read joins the next round, which starts
 	// after it arrived, and one round at a time runs (see confirmLeadership).
@@ -166,8 +165,8 @@ func New(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg: cfg, logger: cfg.Logger.Named("raft"), store: fsm.New(cfg.Store),
-		notifyCh: make(chan bool, 16), ready: make(chan struct{}),
-		removed: make(chan struct{}), shutdown: make(chan struct{}), metrics: newMetrics(),
+		notifyCh: make(chan bool, 16),
+		removed:  make(chan struct{}), shutdown: make(chan struct{}), metrics: newMetrics(),
 		commitNotice: make(chan struct{}, 1),
 	}
 	if err := n.open(); err != nil {
@@ -489,14 +488,14 @@ func (n *Node) leaderReadIndex(ctx context.Context) (uint64, error) {
 		return 0, ErrNotLeader // a stepped-down peer's ready channel would never close
 	}
 	n.leaderMu.Lock()
-	ready, leadDone := n.ready, n.leadDone
+	term := n.term
 	n.leaderMu.Unlock()
-	if leadDone == nil {
-		return 0, ErrNotLeader // leadership not taken up yet
+	if term == nil {
+		return 0, ErrNotLeader // leadership not taken up yet, or ended
 	}
 	select {
-	case <-ready:
-	case <-leadDone:
+	case <-term.ready:
+	case <-term.ctx.Done():
 		// Leadership ended before this term's no-op applied: its ready channel will never close.
 		return 0, ErrNotLeader
 	case <-ctx.Done():
@@ -614,6 +613,7 @@ func (n *Node) leadershipLoop() {
 		select {
 		case <-n.shutdown:
 			n.stopLeading()
+			n.leadWG.Wait() // the stores close next: every term's services must have returned
 			return
 		case isLeader := <-n.notifyCh:
 			n.transferRefusedSince.Store(0) // refusals of an earlier term tell nothing about this one
@@ -626,16 +626,50 @@ func (n *Node) leadershipLoop() {
 	}
 }
 
+// leaderTerm is one term of this peer's leadership.
+type leaderTerm struct {
+	ctx    context.Context // cancelled when the term ends
+	cancel context.CancelFunc
+	ready  chan struct{} // closed once a no-op of this term has applied: reads may be served
+	done   chan struct{} // closed once the term has ended and its services have returned
+
+	mu      sync.Mutex
+	running map[string]bool // services not returned yet, by name
+}
+
+// stillRunning names the term's services that have not returned, sorted.
+func (t *leaderTerm) stillRunning() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var names []string
+	for name := range t.running {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// startLeading begins a term: the barrier, then reads, then the leader services. It does not wait for the
+// services of the previous term to stop (a controller may take long to finish a call): this term's reads
+// are served as soon as its barrier applies, and only its services wait, so that two generations of them
+// never act at once.
 func (n *Node) startLeading() {
 	n.stopLeading()
 	ctx, cancel := context.WithCancel(context.Background())
+	term := &leaderTerm{ctx: ctx, cancel: cancel, ready: make(chan struct{}), done: make(chan struct{}),
+		running: map[string]bool{}}
 	n.leaderMu.Lock()
-	n.cancelLead = cancel
-	n.leadDone = ctx.Done()
+	previous := n.lastTerm
+	n.term, n.lastTerm = term, term
 	n.leaderMu.Unlock()
 	n.leadWG.Add(1)
 	go func() {
 		defer n.leadWG.Done()
+		var services sync.WaitGroup
+		defer func() {
+			services.Wait()
+			close(term.done)
+		}()
 		// The barrier: a no-op proposed and applied in this term. When it has applied, so has every entry of
 		// earlier terms, and the store's revision has moved to this term.
 		for {
@@ -654,34 +688,49 @@ func (n *Node) startLeading() {
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
+		close(term.ready)
+		if previous != nil {
+			select {
+			case <-previous.done:
+			default:
+				waited := time.Now()
+				n.logger.Warn("leader services wait for those of the previous term to stop", "running", previous.stillRunning())
+				select {
+				case <-previous.done:
+					n.logger.Info("previous term's leader services stopped", "waited", time.Since(waited))
+				case <-ctx.Done():
+					return
+				}
+			}
+		}
 		n.leaderMu.Lock()
-		close(n.ready)
-		services := append([]leaderService(nil), n.services...)
+		list := append([]leaderService(nil), n.services...)
 		n.leaderMu.Unlock()
-		for _, s := range services {
-			n.leadWG.Add(1)
-			go func() {
-				defer n.leadWG.Done()
+		for _, s := range list {
+			term.mu.Lock()
+			term.running[s.name] = true
+			term.mu.Unlock()
+			services.Go(func() {
+				defer func() {
+					term.mu.Lock()
+					delete(term.running, s.name)
+					term.mu.Unlock()
+				}()
 				n.logger.Debug("leader service starting", "service", s.name)
 				s.run(ctx)
-			}()
+			})
 		}
 	}()
 }
 
+// stopLeading ends the current term, if any; its services stop in the background.
 func (n *Node) stopLeading() {
 	n.leaderMu.Lock()
-	cancel := n.cancelLead
-	n.cancelLead = nil
-	select {
-	case <-n.ready:
-		n.ready = make(chan struct{})
-	default:
-	}
+	term := n.term
+	n.term = nil
 	n.leaderMu.Unlock()
-	if cancel != nil {
-		cancel()
-		n.leadWG.Wait()
+	if term != nil {
+		term.cancel()
 	}
 }
 
