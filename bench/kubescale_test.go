@@ -187,6 +187,18 @@ func startKubeScale(b *testing.B, nodes int) *scaleTarget {
 				}
 			}
 		},
+		// One kwok process, a third of the nodes: kube-controller-manager marks them Unknown once their
+		// Leases are older than its node-monitor-grace-period.
+		nodeHosts: 1,
+		killNodeHost: func(i int) ([]string, func()) {
+			m := machines[i%3]
+			m.kwok.kill()
+			var names []string
+			for n := i % 3; n < nodes; n += 3 {
+				names = append(names, kwokNode(n).Name)
+			}
+			return names, func() { m.kwok.start(b) }
+		},
 	}
 }
 

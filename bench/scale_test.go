@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand"
 	"os"
+	"os/exec"
 	"slices"
 	"sort"
 	"strconv"
@@ -39,6 +40,7 @@ var (
 	scaleCreators       = flag.Int("scale.creators", 32, "concurrent clients creating the workload's objects")
 	scaleIdle           = flag.Duration("scale.idle", time.Minute, "how long the idle cluster's store writes are counted")
 	scaleReport         = flag.String("scale.report", "", "a file the table is appended to, in Markdown")
+	scaleDeadHosts      = flag.Int("scale.dead-hosts", 4, "Skiff's simulated agents killed one after another to time dead-node detection (Kubernetes: one kwok process)")
 )
 
 // The scalability SLOs of sig-scalability this benchmark checks, measured at the client.
@@ -66,6 +68,8 @@ var scaleSLOs = []struct {
 //     updates), single-object reads, namespace and cluster-wide lists (through every server, followers
 //     included), and pod startup (first seen by a watch to Running and Ready, as clusterloader2 measures it);
 //   - the idle cluster's store writes per node per minute, the control plane's CPU seconds and peak RSS;
+//   - dead nodes: the process that runs a group of nodes (a Skiff simulated agent, one gossip member; a kwok
+//     process) killed with SIGKILL, and the time until each of its nodes is Ready=Unknown, as a watch sees it;
 //   - a leader killed with SIGKILL: the time until a write through a survivor succeeds, and until the
 //     restarted server serves a consistent list again.
 //
@@ -108,6 +112,10 @@ type scaleTarget struct {
 	machines func() [][]int
 	// killLeader kills the leader with SIGKILL and returns the index of a survivor and a restart function.
 	killLeader func() (survivor, killed int, restart func())
+	// killNodeHost kills the i-th process that runs nodes (i < nodeHosts) with SIGKILL and returns the names
+	// of its nodes and what starts it again.
+	killNodeHost func(i int) (nodes []string, restart func())
+	nodeHosts    int
 }
 
 // startSkiffScale starts three servers and ceil(nodes/-scale.nodes-per-member) simulated agents, and waits
@@ -123,10 +131,14 @@ func startSkiffScale(b *testing.B, nodes int) *scaleTarget {
 	}
 	members := (nodes + *scaleNodesPerMember - 1) / *scaleNodesPerMember
 	ports := freeport.Take(b, []string{"127.0.0.1"}, members)
-	for m := 0; m < members; m++ {
-		n := min(*scaleNodesPerMember, nodes-m**scaleNodesPerMember)
+	agents := make([]*exec.Cmd, members)
+	hosted := func(m int) int { return min(*scaleNodesPerMember, nodes-m**scaleNodesPerMember) }
+	start := func(m int) {
 		server := c.Procs[m%3]
-		startGossipSimAgent(b, fmt.Sprintf("sim%04d", m), server.GossipAddr, server.Kubeconfig(), ports[m], n)
+		agents[m] = startGossipSimAgent(b, fmt.Sprintf("sim%04d", m), server.GossipAddr, server.Kubeconfig(), ports[m], hosted(m))
+	}
+	for m := range members {
+		start(m)
 	}
 	waitNodesReady(b, clients[0], nodes)
 	return &scaleTarget{
@@ -149,6 +161,22 @@ func startSkiffScale(b *testing.B, nodes int) *scaleTarget {
 			}
 			b.Fatalf("leader %q is none of the servers", name)
 			return 0, 0, nil
+		},
+		// The last members first: the first hold the DaemonSet's and Deployments' pods as evenly as the rest.
+		nodeHosts: members - 1,
+		killNodeHost: func(i int) ([]string, func()) {
+			m := members - 1 - i
+			agents[m].Process.Kill()
+			agents[m].Wait()
+			name := fmt.Sprintf("sim%04d", m)
+			if hosted(m) == 1 {
+				return []string{name}, func() { start(m) } // as the agent names its only node
+			}
+			var names []string
+			for j := range hosted(m) {
+				names = append(names, fmt.Sprintf("%s-%d", name, j))
+			}
+			return names, func() { start(m) }
 		},
 	}
 }
@@ -184,6 +212,8 @@ type scaleRow struct {
 	cpuSeconds            float64
 	peakRSS, peakRSSTotal int64
 	idleWritesPerNodeMin  float64
+	deadHosts, deadNodes  int
+	deadP50, deadP99      time.Duration
 	failover, restartRead time.Duration
 }
 
@@ -282,6 +312,16 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 	row.idleWritesPerNodeMin = float64(rev1-rev0) / float64(nodes) / scaleIdle.Minutes()
 	b.Logf("idle for %v: %d writes (%.2f per node per minute); by kind, as watches saw them: %v", *scaleIdle, rev1-rev0, row.idleWritesPerNodeMin, byKind)
 
+	// Dead nodes, then the cluster whole again.
+	hosts := min(*scaleDeadHosts, t.nodeHosts)
+	if detections := deadNodeDetection(b, t, hosts); len(detections) > 0 {
+		row.deadHosts, row.deadNodes = hosts, len(detections)
+		row.deadP50, row.deadP99 = percentile(detections, 50), percentile(detections, 99)
+		b.Logf("dead nodes: %d hosts killed, %d nodes Ready=Unknown after p50 %.0f ms, p99 %.0f ms (max %.0f ms)",
+			hosts, len(detections), ms(row.deadP50), ms(row.deadP99), ms(percentile(detections, 100)))
+		waitNodesReady(b, t.clients[0], nodes)
+	}
+
 	// A leader killed at full size.
 	survivor, killed, restart := t.killLeader()
 	t0 = time.Now()
@@ -311,8 +351,72 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 	b.ReportMetric(ms(row.p99["pod-startup"]), "pod-startup-p99-ms")
 	b.ReportMetric(float64(row.peakRSS)/(1<<20), "peak-rss-MiB/server")
 	b.ReportMetric(row.idleWritesPerNodeMin, "idle-writes/node/min")
+	b.ReportMetric(ms(row.deadP99), "dead-node-p99-ms")
 	b.ReportMetric(0, "ns/op")
 	return row
+}
+
+// deadNodeDetection kills t's first hosts of nodes one after another, each once its predecessor's nodes are
+// all Ready=Unknown, and returns, for every node of theirs, the time from its host's kill until a watch saw it
+// Unknown. Each host is started again after its measurement.
+func deadNodeDetection(b *testing.B, t *scaleTarget, hosts int) []time.Duration {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	var watching map[string]bool // the killed host's nodes
+	unknownAt := map[string]time.Time{}
+	observe := func(obj any) {
+		node, ok := obj.(*corev1.Node)
+		if !ok {
+			return
+		}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionUnknown {
+				mu.Lock()
+				if _, seen := unknownAt[node.Name]; !seen && watching[node.Name] {
+					unknownAt[node.Name] = time.Now()
+				}
+				mu.Unlock()
+			}
+		}
+	}
+	factory := informers.NewSharedInformerFactory(t.clients[0], 0)
+	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: observe, UpdateFunc: func(_, o any) { observe(o) }}); err != nil {
+		b.Fatal(err)
+	}
+	factory.Start(ctx.Done())
+	defer factory.Shutdown()
+	factory.WaitForCacheSync(ctx.Done())
+	var times []time.Duration
+	for i := range hosts {
+		mu.Lock()
+		names, restart := t.killNodeHost(i)
+		killed := time.Now()
+		watching = map[string]bool{}
+		for _, n := range names {
+			watching[n] = true
+		}
+		mu.Unlock()
+		waitUntil(b, fmt.Sprintf("the %d nodes of a killed host Ready=Unknown", len(names)), 5*time.Minute, func() (bool, string) {
+			mu.Lock()
+			defer mu.Unlock()
+			missing := 0
+			for _, n := range names {
+				if _, ok := unknownAt[n]; !ok {
+					missing++
+				}
+			}
+			return missing == 0, fmt.Sprintf("%d of %d not yet", missing, len(names))
+		})
+		mu.Lock()
+		for _, n := range names {
+			times = append(times, unknownAt[n].Sub(killed))
+		}
+		mu.Unlock()
+		restart()
+	}
+	return times
 }
 
 // sliRecorder keeps every latency by SLI.
@@ -718,8 +822,8 @@ func peakRSS(b *testing.B, pid int) int64 {
 // scaleTable is the rows as a Markdown table: the SLIs' p99 with whether each SLO held, and the costs.
 func scaleTable(rows []scaleRow) string {
 	var s strings.Builder
-	s.WriteString("| system | nodes | pods running | mutating p99 | get p99 | list (ns) p99 | list (cluster) p99 | pod startup p50 / p99 | SLOs | saturation / churn | CPU s | peak RSS per server (machine) / all | idle writes per node per min | failover | restarted server reads |\n")
-	s.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	s.WriteString("| system | nodes | pods running | mutating p99 | get p99 | list (ns) p99 | list (cluster) p99 | pod startup p50 / p99 | SLOs | saturation / churn | CPU s | peak RSS per server (machine) / all | idle writes per node per min | dead node → Unknown p50 / p99 | failover | restarted server reads |\n")
+	s.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		var missed []string
 		for _, slo := range scaleSLOs {
@@ -737,10 +841,14 @@ func scaleTable(rows []scaleRow) string {
 			}
 			return "-"
 		}
-		fmt.Fprintf(&s, "| %s | %d | %d | %s | %s | %s | %s | %.0f / %.0f ms | %s | %.0f / %.0f s | %.0f | %.2f / %.2f GiB | %.2f | %.2f s | %.1f s |\n",
+		dead := "-"
+		if r.deadNodes > 0 {
+			dead = fmt.Sprintf("%.2f / %.2f s (%d nodes of %d hosts)", r.deadP50.Seconds(), r.deadP99.Seconds(), r.deadNodes, r.deadHosts)
+		}
+		fmt.Fprintf(&s, "| %s | %d | %d | %s | %s | %s | %s | %.0f / %.0f ms | %s | %.0f / %.0f s | %.0f | %.2f / %.2f GiB | %.2f | %s | %.2f s | %.1f s |\n",
 			r.system, r.nodes, r.pods, d("mutating"), d("get"), d("list-namespace"), d("list-cluster"), ms(r.startupP50), ms(r.p99["pod-startup"]),
 			slos, r.saturation.Seconds(), r.churn.Seconds(), r.cpuSeconds, float64(r.peakRSS)/(1<<30), float64(r.peakRSSTotal)/(1<<30),
-			r.idleWritesPerNodeMin, r.failover.Seconds(), r.restartRead.Seconds())
+			r.idleWritesPerNodeMin, dead, r.failover.Seconds(), r.restartRead.Seconds())
 	}
 	return s.String()
 }
