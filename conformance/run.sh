@@ -47,7 +47,7 @@ stamp="-X k8s.io/component-base/version.gitVersion=$kube -X k8s.io/component-bas
 # links them again, which took about 2 minutes of each CI run.
 key=$(cat go.mod go.sum "$root/conformance/run.sh" | { cat; $GO version; } | sha256sum | cut -c1-16)
 cache=${SKIFF_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/skiff}/conformance/$key
-programs=(e2e.test ginkgo kubectl agnhost sample-apiserver nnp busybox)
+programs=(e2e.test ginkgo kubectl agnhost sample-apiserver nnp busybox alpine.tar.gz)
 # busybox as upstream's busybox image has it: release 1.37.0 built with its defconfig, statically, from the
 # source tarball Debian's archive keeps (checked against the digest Debian's busybox_1.37.0-6.dsc gives).
 # Debian's own busybox-static (1.35) has an ash that drops environment variables whose names are not shell
@@ -70,10 +70,31 @@ build_busybox() { # build_busybox OUT
 	cp "$work/busybox-$busybox_version/busybox" "$1"
 	rm -rf "$work"
 }
+# agnhost's base, as upstream's image has it, is Alpine Linux (the ImageVolume test reads it back): Alpine's
+# official minirootfs, from the repository Docker's alpine image is built from (alpinelinux/docker-alpine),
+# which the Go module proxy serves, at a pinned version whose module hash the checksum database vouches for,
+# and checked against the digest the repository's checksums.sha512 gives. Alpine's own mirrors are out of this
+# machine's reach; the proxy had this snapshot (edge, 2026-08-05) when it was pinned.
+alpine_module=github.com/alpinelinux/docker-alpine@v0.0.0-20260806101352-410e6fcf56b6
+alpine_rootfs=x86_64/alpine-minirootfs-20260805-x86_64.tar.gz
+alpine_sha512=1f9e4665146396bf5c9d17e73708256f7eac1de67adab2240e95ee39281317c1e05d20738e778fbbbd4abdccd22be3ed203b91577082101288beeb5c36804f5f
+fetch_alpine() { # fetch_alpine OUT
+	local work moddir
+	work=$(mktemp -d)
+	moddir=$(cd "$work" && $GO mod init fetch >/dev/null 2>&1 && $GO mod download -json "$alpine_module" |
+		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
+	rm -rf "$work"
+	if [ -z "$moddir" ]; then
+		log "cannot fetch $alpine_module through the Go module proxy (agnhost's Alpine base)"
+		return 1
+	fi
+	echo "$alpine_sha512  $moddir/$alpine_rootfs" | sha512sum -c --quiet
+	cp "$moddir/$alpine_rootfs" "$1"
+}
 if [ -f "$cache/complete" ]; then
-	log "e2e.test, ginkgo, kubectl $kube, agnhost, sample-apiserver, nonewprivs and busybox from $cache"
+	log "e2e.test, ginkgo, kubectl $kube, agnhost, sample-apiserver, nonewprivs, busybox and Alpine from $cache"
 else
-	log "building e2e.test, ginkgo, kubectl $kube, agnhost, sample-apiserver, nonewprivs and busybox $busybox_version"
+	log "building e2e.test, ginkgo, kubectl $kube, agnhost, sample-apiserver, nonewprivs and busybox $busybox_version; fetching Alpine"
 	rm -rf "$cache" && mkdir -p "$cache"
 	$GO test -c -ldflags "$stamp" -o "$cache/e2e.test" k8s.io/kubernetes/test/e2e
 	$GO build -o "$cache/ginkgo" github.com/onsi/ginkgo/v2/ginkgo
@@ -82,6 +103,7 @@ else
 	CGO_ENABLED=0 $GO build -trimpath -ldflags "-s -w $stamp" -o "$cache/sample-apiserver" k8s.io/sample-apiserver
 	CGO_ENABLED=0 $GO build -trimpath -ldflags '-s -w' -o "$cache/nnp" k8s.io/kubernetes/test/images/nonewprivs
 	build_busybox "$cache/busybox"
+	fetch_alpine "$cache/alpine.tar.gz"
 	touch "$cache/complete"
 	# Other keys' builds are of no further use once they are old (a recent one may be another checkout's, in use).
 	find "$(dirname "$cache")" -mindepth 1 -maxdepth 1 -not -name "$key" -mmin +120 -exec rm -rf {} +
@@ -95,7 +117,7 @@ $GO build -o "$bin/report" ./conformance/report
 log "building the suite's images"
 rm -rf "$dir/images"
 $GO run ./conformance/images -out "$dir/images" -agnhost "$bin/agnhost" -sample-apiserver "$bin/sample-apiserver" \
-	-pause "$bin/pause" -nonewprivs "$bin/nnp" -busybox "$bin/busybox" -test-images "$kmod/test/images" >/dev/null
+	-pause "$bin/pause" -nonewprivs "$bin/nnp" -busybox "$bin/busybox" -alpine "$bin/alpine.tar.gz" -test-images "$kmod/test/images" >/dev/null
 
 cluster=$dir/cluster
 "$root/bin/skiff" local down --dir "$cluster" >/dev/null 2>&1 || true

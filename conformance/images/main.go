@@ -5,10 +5,11 @@
 //
 // The images are not the upstream ones, byte for byte; they hold what the suite uses of them:
 //   - agnhost (both versions the suite names), kitten and nautilus: the agnhost binary built from the
-//     k8s.io/kubernetes module at /agnhost (with the agnhost-2 link), over a base of busybox applets plus the
-//     host's dig, nslookup, host, curl, OpenBSD nc and glibc's getent with their shared libraries (and an
-//     nsswitch.conf that reads /etc/hosts first, as musl does); kitten and nautilus add
-//     their web pages and run `agnhost test-webserver`.
+//     k8s.io/kubernetes module at /agnhost (with the agnhost-2 link), over Alpine Linux as upstream's (Alpine's
+//     official minirootfs, which conformance/run.sh fetches) plus the host's dig, nslookup, host, curl,
+//     OpenBSD nc and glibc's getent with their shared libraries beside musl (and an nsswitch.conf that reads
+//     /etc/hosts first, as musl does); kitten and nautilus add their web pages and run `agnhost
+//     test-webserver`. The ImageVolume test mounts kitten and reads its /etc/os-release.
 //   - busybox: busybox 1.37.0 (built by conformance/run.sh from the release's source with its defconfig, as
 //     upstream's image is) with a link for each applet.
 //   - glibc-dns-testing: the base with dig, nslookup, host and getent, for the DNS tests' queriers.
@@ -24,9 +25,12 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
+	"compress/gzip"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/exec"
@@ -49,15 +53,16 @@ func main() {
 	nnp := flag.String("nonewprivs", "", "the nonewprivs program (k8s.io/kubernetes/test/images/nonewprivs, static)")
 	testImages := flag.String("test-images", "", "k8s.io/kubernetes' test/images directory, for the kitten and nautilus pages")
 	busybox := flag.String("busybox", "", "a static busybox binary, whose applets are the images' base")
+	alpine := flag.String("alpine", "", "an Alpine Linux minirootfs (.tar.gz), agnhost's base")
 	flag.Parse()
-	if *out == "" || *agnhost == "" || *sampleAPIServer == "" || *pause == "" || *nnp == "" || *testImages == "" || *busybox == "" {
+	if *out == "" || *agnhost == "" || *sampleAPIServer == "" || *pause == "" || *nnp == "" || *testImages == "" || *busybox == "" || *alpine == "" {
 		flag.Usage()
 		os.Exit(2)
 	}
 	if err := os.MkdirAll(*out, 0o755); err != nil {
 		log.Fatal(err)
 	}
-	b := &builder{busyboxPath: *busybox}
+	b := &builder{busyboxPath: *busybox, alpinePath: *alpine}
 	specs := []struct {
 		images []imageutils.ImageID
 		spec   func() images.Spec
@@ -115,8 +120,8 @@ func write(img v1.Image, ref, dir string) error {
 
 // builder assembles image specs from host files; the first error sticks and stops the run.
 type builder struct {
-	busyboxPath string
-	err         error
+	busyboxPath, alpinePath string
+	err                     error
 }
 
 func (b *builder) read(path string) []byte {
@@ -140,7 +145,74 @@ func (b *builder) busybox() images.Spec {
 // of the same name, and an /etc/passwd and /etc/group that also hold agnhost's user-defined-in-image (1000)
 // and group-defined-in-image (50000).
 func (b *builder) base(binaries ...string) images.Spec {
-	spec := b.busybox()
+	return b.over(b.busybox(), binaries...)
+}
+
+// alpine is the Alpine Linux minirootfs as an image: its directories, files (setuid bits kept), symbolic
+// links, and hard links as copies.
+func (b *builder) alpine() images.Spec {
+	files, err := rootfsFiles(b.alpinePath)
+	if err != nil && b.err == nil {
+		b.err = fmt.Errorf("the Alpine root filesystem: %w", err)
+	}
+	return images.Spec{Files: files, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}, Cmd: []string{"/bin/sh"}}
+}
+
+// rootfsFiles reads a root filesystem tarball (.tar.gz) into image files.
+func rootfsFiles(path string) ([]images.File, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	gz, err := gzip.NewReader(f)
+	if err != nil {
+		return nil, err
+	}
+	tr := tar.NewReader(gz)
+	var files []images.File
+	data := map[string][]byte{} // regular files by path, for the hard links to them
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return files, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		name := filepath.Join("/", hdr.Name)
+		if name == "/" {
+			continue
+		}
+		perm := hdr.FileInfo().Mode() & (os.ModePerm | os.ModeSetuid | os.ModeSetgid | os.ModeSticky)
+		switch hdr.Typeflag {
+		case tar.TypeDir:
+			files = append(files, images.File{Path: name, Mode: os.ModeDir | perm})
+		case tar.TypeReg:
+			content, err := io.ReadAll(tr)
+			if err != nil {
+				return nil, err
+			}
+			data[name] = content
+			files = append(files, images.File{Path: name, Mode: perm, Data: content})
+		case tar.TypeSymlink:
+			files = append(files, images.File{Path: name, Link: hdr.Linkname})
+		case tar.TypeLink:
+			target, ok := data[filepath.Join("/", hdr.Linkname)]
+			if !ok {
+				return nil, fmt.Errorf("%s: a hard link to %s, which comes later or not at all", name, hdr.Linkname)
+			}
+			files = append(files, images.File{Path: name, Mode: perm, Data: target})
+		default:
+			return nil, fmt.Errorf("%s: entries of type %q are not supported", name, hdr.Typeflag)
+		}
+	}
+}
+
+// over is spec plus the given host binaries (with their shared libraries), which replace the programs or
+// busybox applets of the same name, and an /etc/passwd and /etc/group that also hold agnhost's
+// user-defined-in-image (1000) and group-defined-in-image (50000).
+func (b *builder) over(spec images.Spec, binaries ...string) images.Spec {
 	host := map[string]bool{}
 	var files []images.File
 	for _, bin := range binaries {
@@ -149,7 +221,7 @@ func (b *builder) base(binaries ...string) images.Spec {
 	}
 	for _, f := range spec.Files {
 		switch {
-		case f.Link != "" && host[filepath.Base(f.Path)]:
+		case host[filepath.Base(f.Path)]:
 			continue // the host's program instead of the applet
 		case f.Path == "/etc/passwd":
 			f.Data = append(f.Data, "user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh\n"...)
@@ -173,7 +245,7 @@ func (b *builder) agnhost(binary, testImages string, extra []images.File, cmd []
 	extra = append(extra,
 		images.File{Path: "/localhost.crt", Mode: 0o644, Data: b.read(filepath.Join(porter, "localhost.crt"))},
 		images.File{Path: "/localhost.key", Mode: 0o644, Data: b.read(filepath.Join(porter, "localhost.key"))})
-	spec := b.base("/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host", "/usr/bin/curl", "/usr/bin/nc", "/usr/bin/getent")
+	spec := b.over(b.alpine(), "/usr/bin/dig", "/usr/bin/nslookup", "/usr/bin/host", "/usr/bin/curl", "/usr/bin/nc", "/usr/bin/getent")
 	spec.Files = dedupe(append(spec.Files, append([]images.File{
 		{Path: "/agnhost", Mode: 0o755, Data: b.read(binary)},
 		{Path: "/agnhost-2", Link: "agnhost"},
