@@ -174,7 +174,7 @@ func BenchmarkAPI(b *testing.B) {
 
 	// The same creates by a service account that RBAC lets edit its namespace: the request path of a user
 	// who is not in system:masters (token authentication, the Node and RBAC authorizers).
-	rbacRate, rbacServersMs := rbacCreates(b, c, clients, n, conc)
+	rbacRate, rbacServersMs := rbacCreates(b, c, n, conc)
 	b.ReportMetric(rbacRate, "rbac-pod-creates/s")
 	b.ReportMetric(rbacServersMs, "rbac-create-server-cpu-ms")
 
@@ -212,37 +212,10 @@ func BenchmarkAPI(b *testing.B) {
 
 // rbacCreates creates n pods as a service account bound to edit in its namespace, through the three peers,
 // and returns the rate and the servers' CPU per create.
-func rbacCreates(b *testing.B, c *proctest.Cluster, admin []kubernetes.Interface, n, conc int) (float64, float64) {
+func rbacCreates(b *testing.B, c *proctest.Cluster, n, conc int) (float64, float64) {
 	ctx := context.Background()
 	const ns = "bench-rbac"
-	createNamespace(b, ctx, admin[0], ns)
-	if _, err := admin[0].CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "writer"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		b.Fatal(err)
-	}
-	if _, err := admin[0].RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "writer-edit"},
-		RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit"},
-		Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "writer"}}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		b.Fatal(err)
-	}
-	tr, err := admin[0].CoreV1().ServiceAccounts(ns).CreateToken(ctx, "writer", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	var clients []kubernetes.Interface
-	for _, p := range c.Procs {
-		cfg, err := clientcmd.BuildConfigFromFlags("", p.Kubeconfig())
-		if err != nil {
-			b.Fatal(err)
-		}
-		cfg = rest.AnonymousClientConfig(cfg)
-		cfg.BearerToken = tr.Status.Token
-		client := kubeClient(b, cfg)
-		proctest.WaitFor(b, p.Name+" RBAC binding", 30*time.Second, func() error {
-			_, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{Limit: 1})
-			return err
-		})
-		clients = append(clients, client)
-	}
+	clients := writerClients(b, ctx, peerConfigs(b, c), ns, editRole)
 	cpu := startCPU(b, c)
 	rate, _, _ := run(b, conc, n, func(w, i int) error {
 		_, err := clients[w%3].CoreV1().Pods(ns).Create(ctx, benchPod(fmt.Sprintf("p-%06d", i)), metav1.CreateOptions{})
@@ -251,6 +224,66 @@ func rbacCreates(b *testing.B, c *proctest.Cluster, admin []kubernetes.Interface
 	_, serversMs := cpu.perOp(n)
 	b.Logf("pod creates as a service account with edit: %.0f/s, %.2f ms of server CPU per create", rate, serversMs)
 	return rate, serversMs
+}
+
+// peerConfigs are the admin's rest configs of a cluster's servers, one each.
+func peerConfigs(b *testing.B, c *proctest.Cluster) []*rest.Config {
+	var configs []*rest.Config
+	for _, p := range c.Procs {
+		cfg, err := clientcmd.BuildConfigFromFlags("", p.Kubeconfig())
+		if err != nil {
+			b.Fatal(err)
+		}
+		configs = append(configs, cfg)
+	}
+	return configs
+}
+
+// editRole is the edit ClusterRole, which Kubernetes' clusterrole-aggregation controller fills with rules (a
+// kube-apiserver without kube-controller-manager has it empty); podWriterRole is a Role of the namespace's
+// own, created with the rules below: pods created, read and listed.
+var (
+	editRole      = rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "edit"}
+	podWriterRole = rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "pod-writer"}
+)
+
+// writerClients creates ns with its default service account and a service account "writer" bound to role
+// there (podWriterRole is created first), through the admin's configs[0], and returns one client per server
+// that authenticates with writer's token: the request path of a user who is not in system:masters (token
+// authentication, the Node and RBAC authorizers).
+func writerClients(b *testing.B, ctx context.Context, configs []*rest.Config, ns string, role rbacv1.RoleRef) []kubernetes.Interface {
+	createNamespaceWithServiceAccount(b, ctx, configs[0], ns)
+	admin := kubeClient(b, configs[0])
+	if _, err := admin.CoreV1().ServiceAccounts(ns).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "writer"}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	if role == podWriterRole {
+		if _, err := admin.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: role.Name},
+			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"create", "get", "list"}}}},
+			metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			b.Fatal(err)
+		}
+	}
+	if _, err := admin.RbacV1().RoleBindings(ns).Create(ctx, &rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "writer"},
+		RoleRef: role, Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "writer"}}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		b.Fatal(err)
+	}
+	tr, err := admin.CoreV1().ServiceAccounts(ns).CreateToken(ctx, "writer", &authenticationv1.TokenRequest{}, metav1.CreateOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var clients []kubernetes.Interface
+	for i, cfg := range configs {
+		cfg = rest.AnonymousClientConfig(cfg)
+		cfg.BearerToken = tr.Status.Token
+		client := kubeClient(b, cfg)
+		proctest.WaitFor(b, fmt.Sprintf("server %d: the RBAC binding", i+1), 30*time.Second, func() error {
+			_, err := client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{Limit: 1})
+			return err
+		})
+		clients = append(clients, client)
+	}
+	return clients
 }
 
 // watchFanout opens watchers spread over the peers, creates pods, and returns the p99 of the delay from each

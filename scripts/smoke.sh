@@ -17,6 +17,7 @@ table=$(cat <<'ROWS'
 bench            Write                                      300x
 bench            Failover                                   2x
 bench            API                                        200x  -api.list-pods=300 -api.watchers=30
+bench            ^BenchmarkCreates$                         100x  -creates.rounds=1 -creates.kube-apiserver=false
 bench            Admission                                  200x
 bench            CacheLag                                   100x
 bench            CRDs                                       200x  -crd.count=5
