@@ -406,6 +406,10 @@ func TestReadsServedWhileEarlierTermsServicesStop(t *testing.T) {
 	if err := c.Node((target + 1) % 3).LinearizableRead(ctx); err != nil {
 		t.Fatalf("read through a follower: %v", err)
 	}
+	// Away and back once more while the first term's service is still stopping: the term in between ends
+	// while it waits, having started nothing, and the next must still wait for the first (running[] counts).
+	transfer((target + 2) % 3)
+	transfer(target)
 	// The new term's service starts once the old one has returned.
 	c.WaitFor("the service of the new term", 2*stopDelay, func() error {
 		if started[target].Load() != 2 || running[target].Load() != 1 || !c.Node(target).IsLeader() {

@@ -668,6 +668,11 @@ func (n *Node) startLeading() {
 		var services sync.WaitGroup
 		defer func() {
 			services.Wait()
+			// Done only once every earlier term is: a term that ended while it waited for its predecessor
+			// started nothing, and the next one must still wait for the predecessor's services.
+			if previous != nil {
+				<-previous.done
+			}
 			close(term.done)
 		}()
 		// The barrier: a no-op proposed and applied in this term. When it has applied, so has every entry of
