@@ -80,7 +80,7 @@ func admissionAgent(t *testing.T, rt Runtime, pods ...*corev1.Pod) (*Agent, *fak
 		if _, err := client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
 		}
-		if err := a.pods.Add(p); err != nil {
+		if err := a.pods.(cache.Indexer).Add(p); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -187,7 +187,7 @@ func TestActiveDeadline(t *testing.T) {
 		t.Fatalf("phase %s before the deadline", stored.Status.Phase)
 	}
 	stored.Status.StartTime = &started
-	if err := a.pods.Update(stored); err != nil {
+	if err := a.pods.(cache.Indexer).Update(stored); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.syncPod(ctx, "default/past"); err != nil {
@@ -218,7 +218,7 @@ func TestActiveDeadline(t *testing.T) {
 	}
 	// The informer's copy of "ahead" has no start time yet; with the one written, its wake-up is set.
 	aheadStored, _ := client.CoreV1().Pods("default").Get(ctx, "ahead", metav1.GetOptions{})
-	_ = a.pods.Update(aheadStored)
+	_ = a.pods.(cache.Indexer).Update(aheadStored)
 	if _, err := a.syncPod(ctx, "default/ahead"); err != nil {
 		t.Fatal(err)
 	}
@@ -251,7 +251,7 @@ func TestDeletedPodEndsTerminal(t *testing.T) {
 	}
 	now := metav1.Now()
 	running.DeletionTimestamp = &now
-	if err := a.pods.Update(running); err != nil {
+	if err := a.pods.(cache.Indexer).Update(running); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := a.syncPod(ctx, "default/evicted"); err != nil {

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -45,8 +47,8 @@ type Agent struct {
 	client   kubernetes.Interface
 	recorder record.EventRecorder
 	nodes    map[string]bool // the nodes this agent hosts
-	pods     cache.Indexer
-	pool     *gossip.Pool // nil without retry_join
+	pods     podStore        // the pods bound to them, as the informers see them
+	pool     *gossip.Pool    // nil without retry_join
 	// announced is the servers' API addresses the pool last announced, kept for when it sees none alive
 	// (the agent cut off from every server, or its gossip view behind): see serverAddrs.
 	announcedMu sync.Mutex
@@ -239,14 +241,21 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 
-	selector := fields.OneTermNotEqualSelector("spec.nodeName", "").String()
-	if len(a.nodes) == 1 {
-		selector = fields.OneTermEqualSelector("spec.nodeName", a.cfg.Name).String()
+	// A watch of each node's pods, as each kubelet has (a simulated agent hosting many nodes has one per node,
+	// so that it holds only its own pods and the servers serve the watches a cluster of that size has).
+	var stores multiStore
+	var synced []cache.InformerSynced
+	var factories []informers.SharedInformerFactory
+	var podInformers []cache.SharedIndexInformer
+	for _, node := range slices.Sorted(maps.Keys(a.nodes)) {
+		selector := fields.OneTermEqualSelector("spec.nodeName", node).String()
+		factory := informers.NewSharedInformerFactoryWithOptions(a.client, 0,
+			informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = selector }))
+		informer := factory.Core().V1().Pods().Informer()
+		factories, podInformers = append(factories, factory), append(podInformers, informer)
+		stores, synced = append(stores, informer.GetIndexer()), append(synced, informer.HasSynced)
 	}
-	factory := informers.NewSharedInformerFactoryWithOptions(a.client, 0,
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.FieldSelector = selector }))
-	podInformer := factory.Core().V1().Pods().Informer()
-	a.pods = podInformer.GetIndexer()
+	a.pods = stores
 	enqueue := func(obj any) {
 		if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 			obj = tomb.Obj
@@ -258,14 +267,20 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer func() {
 		a.wg.Wait() // the workers end with ctx
 	}()
-	defer factory.Shutdown()
-	podInformer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, DeleteFunc: enqueue, UpdateFunc: func(old, cur any) {
-		if agentRelevantChange(old.(*corev1.Pod), cur.(*corev1.Pod)) {
-			enqueue(cur)
-		}
-	}})
-	factory.Start(ctx.Done())
-	if !cache.WaitForCacheSync(ctx.Done(), podInformer.HasSynced) {
+	for _, factory := range factories {
+		defer factory.Shutdown()
+	}
+	for _, informer := range podInformers {
+		informer.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: enqueue, DeleteFunc: enqueue, UpdateFunc: func(old, cur any) {
+			if agentRelevantChange(old.(*corev1.Pod), cur.(*corev1.Pod)) {
+				enqueue(cur)
+			}
+		}})
+	}
+	for _, factory := range factories {
+		factory.Start(ctx.Done())
+	}
+	if !cache.WaitForCacheSync(ctx.Done(), synced...) {
 		return ctx.Err()
 	}
 	if err := a.runtime.Cleanup(ctx, a.knownPod); err != nil {
@@ -351,6 +366,41 @@ func (a *Agent) startEndpoint(ctx context.Context, caPEM []byte, errs chan<- err
 		}
 	}()
 	return nil
+}
+
+// podStore is what the agent reads of its informers' pods.
+type podStore interface {
+	List() []any
+	ListKeys() []string
+	GetByKey(key string) (item any, exists bool, err error)
+}
+
+// multiStore is the pods of several informers, one per node; a pod is bound to one node, so it is in one.
+type multiStore []cache.Indexer
+
+func (m multiStore) List() []any {
+	var out []any
+	for _, s := range m {
+		out = append(out, s.List()...)
+	}
+	return out
+}
+
+func (m multiStore) ListKeys() []string {
+	var out []string
+	for _, s := range m {
+		out = append(out, s.ListKeys()...)
+	}
+	return out
+}
+
+func (m multiStore) GetByKey(key string) (any, bool, error) {
+	for _, s := range m {
+		if obj, ok, err := s.GetByKey(key); ok || err != nil {
+			return obj, ok, err
+		}
+	}
+	return nil, false, nil
 }
 
 // agentRelevantChange tells whether an update asks anything new of the agent. Like the kubelet, it ignores

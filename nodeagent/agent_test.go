@@ -28,7 +28,7 @@ func TestSyncStopsVanishedAndReplacedPods(t *testing.T) {
 	ctx := context.Background()
 	running := func() int { rt.mu.Lock(); defer rt.mu.Unlock(); return len(rt.pods) }
 
-	a.pods.Add(pod)
+	a.pods.(cache.Indexer).Add(pod)
 	if _, err := a.syncPod(ctx, "default/web"); err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +37,7 @@ func TestSyncStopsVanishedAndReplacedPods(t *testing.T) {
 	}
 	replacement := pod.DeepCopy()
 	replacement.UID = "uid-2"
-	a.pods.Update(replacement)
+	a.pods.(cache.Indexer).Update(replacement)
 	if _, err := a.syncPod(ctx, "default/web"); err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestSyncStopsVanishedAndReplacedPods(t *testing.T) {
 	if oldRuns || !newRuns {
 		t.Fatalf("after the replacement: old running %v, new running %v", oldRuns, newRuns)
 	}
-	a.pods.Delete(replacement) // force-deleted: no deletionTimestamp was ever seen
+	a.pods.(cache.Indexer).Delete(replacement) // force-deleted: no deletionTimestamp was ever seen
 	if _, err := a.syncPod(ctx, "default/web"); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestFinishedPodNeverRunsAgain(t *testing.T) {
 		nodes: map[string]bool{"n1": true}, running: map[string]*corev1.Pod{}, finished: map[string]*corev1.Pod{},
 		statusWrites: make(chan struct{}, 1), pods: cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{})}
 	ctx := context.Background()
-	a.pods.Add(pod) // the informer's copy, Pending, for the whole test: the watch lags
+	a.pods.(cache.Indexer).Add(pod) // the informer's copy, Pending, for the whole test: the watch lags
 	for i := range 3 {
 		if _, err := a.syncPod(ctx, "default/once"); err != nil {
 			t.Fatalf("sync %d: %v", i, err)
@@ -112,7 +112,7 @@ func TestFinishedPodNeverRunsAgain(t *testing.T) {
 	// A new pod of the same name (a new UID) runs.
 	next := pod.DeepCopy()
 	next.UID = "uid-2"
-	a.pods.Update(next)
+	a.pods.(cache.Indexer).Update(next)
 	if _, err := a.syncPod(ctx, "default/once"); err != nil {
 		t.Fatal(err)
 	}

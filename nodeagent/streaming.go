@@ -22,7 +22,6 @@ import (
 	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/cri-client/pkg/logs"
 	"k8s.io/cri-streaming/pkg/streaming"
 	remotecommandserver "k8s.io/cri-streaming/pkg/streaming/remotecommand"
@@ -36,7 +35,7 @@ import (
 const labelStdinOnce = "io.skiff.container.stdin-once"
 
 // podLookup finds the pods bound to the agent's node in its informer's cache.
-type podLookup struct{ pods cache.Indexer }
+type podLookup struct{ pods podStore }
 
 func (l podLookup) pod(namespace, name string) (*corev1.Pod, error) {
 	obj, ok, err := l.pods.GetByKey(namespace + "/" + name)
