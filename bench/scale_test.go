@@ -361,7 +361,6 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 // Unknown. Each host is started again after its measurement.
 func deadNodeDetection(b *testing.B, t *scaleTarget, hosts int) []time.Duration {
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
 	var mu sync.Mutex
 	var watching map[string]bool // the killed host's nodes
 	unknownAt := map[string]time.Time{}
@@ -386,7 +385,10 @@ func deadNodeDetection(b *testing.B, t *scaleTarget, hosts int) []time.Duration 
 		b.Fatal(err)
 	}
 	factory.Start(ctx.Done())
-	defer factory.Shutdown()
+	defer func() {
+		cancel() // first: Shutdown waits for the informers, which stop when ctx ends
+		factory.Shutdown()
+	}()
 	factory.WaitForCacheSync(ctx.Done())
 	var times []time.Duration
 	for i := range hosts {
