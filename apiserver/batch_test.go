@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/util/retry"
 	kptr "k8s.io/utils/ptr"
 
 	"github.com/skiff-dev/skiff/internal/proctest"
@@ -346,13 +347,18 @@ func TestJobServerSideApply(t *testing.T) {
 	}
 	// An update that carries no managed fields, as a controller's does from a cache that drops them
 	// (internal/cachetransform), keeps the stored ones: the applier still owns what it applied.
-	stored, err := c.BatchV1().Jobs(ns).Get(ctx, "ssa", metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	stored.ManagedFields = nil
-	stored.Spec.Parallelism = kptr.To[int32](4)
-	updated, err := c.BatchV1().Jobs(ns).Update(ctx, stored, metav1.UpdateOptions{FieldManager: "controller"})
+	// The Job controller writes the suspended job's status meanwhile: a conflict is retried, as a controller retries it.
+	var updated *batchv1.Job
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		stored, err := c.BatchV1().Jobs(ns).Get(ctx, "ssa", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		stored.ManagedFields = nil
+		stored.Spec.Parallelism = kptr.To[int32](4)
+		updated, err = c.BatchV1().Jobs(ns).Update(ctx, stored, metav1.UpdateOptions{FieldManager: "controller"})
+		return err
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
