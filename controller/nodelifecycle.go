@@ -14,6 +14,7 @@ import (
 	coordinationlisters "k8s.io/client-go/listers/coordination/v1"
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/workqueue"
 	"k8s.io/klog/v2"
 
 	"github.com/skiff-dev/skiff/gossip"
@@ -433,24 +434,34 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 	if l.taintSeen == nil {
 		l.taintSeen = map[string]time.Time{}
 	}
+	// Every Node's health is written first, and in parallel, then every pod's: a dead gossip member takes
+	// its Nodes down together, and at hundreds of Nodes one at a time, each followed by its pods, the last
+	// Node of a dead member was marked a minute after the first.
+	var writes, podWrites []func(context.Context)
 	for _, node := range nodes {
 		h, judged := health[node.Name]
 		if !judged || (h != healthUnreachable && h != healthShutdown) {
-			l.handleUserTaints(ctx, node, now)
+			podWrites = append(podWrites, l.userTaintEvictions(node, now)...)
 		}
 		if !judged || h == healthUntracked {
 			continue
 		}
 		// Leaving full disruption, tolerations count afresh from now, as Kubernetes re-taints its nodes, rather
 		// than from before the disruption, which would evict everything at once.
-		if err := l.setNodeHealth(ctx, node, h, now, restamp && h == healthUnreachable); err != nil && ctx.Err() == nil {
-			l.c.Logger.Warn("updating node health", "node", node.Name, "error", err)
+		if restamp := restamp && h == healthUnreachable; restamp || l.healthDiffers(node, h, now) {
+			writes = append(writes, func(ctx context.Context) {
+				if err := l.setNodeHealth(ctx, node, h, now, restamp); err != nil && ctx.Err() == nil {
+					l.c.Logger.Warn("updating node health", "node", node.Name, "error", err)
+				}
+			})
 		}
 		if h == healthUnreachable || h == healthShutdown {
 			// No evictions in the pass that restamps: the node here still carries the old taint times.
-			l.handlePods(ctx, node, now, disrupted || restamp)
+			podWrites = append(podWrites, l.lostNodePodWrites(node, now, disrupted || restamp)...)
 		}
 	}
+	runWrites(ctx, writes)
+	runWrites(ctx, podWrites)
 	for key := range l.taintSeen {
 		if !l.taintPresent[key] {
 			delete(l.taintSeen, key) // removed: a taint added again counts afresh
@@ -471,17 +482,28 @@ func restampNoExecute(node *corev1.Node, now time.Time) *corev1.Node {
 	return out
 }
 
+// readyDiffers says whether the Node's Ready condition differs from what h asks.
+func readyDiffers(node *corev1.Node, h nodeHealth) bool {
+	want := wantReady(h)
+	for _, c := range node.Status.Conditions {
+		if c.Type == corev1.NodeReady {
+			return c.Status != want.Status || c.Reason != want.Reason
+		}
+	}
+	return true
+}
+
+// healthDiffers says whether setNodeHealth has anything to write for the Node.
+func (l *lifecycle) healthDiffers(node *corev1.Node, h nodeHealth, now time.Time) bool {
+	_, taintsChange := withHealthTaints(node.Spec.Taints, wantTaintKey(h), now)
+	return taintsChange || readyDiffers(node, h)
+}
+
 // setNodeHealth writes the Node's Ready condition and health taints when they differ from what h asks.
 // restamp sets the health NoExecute taints' TimeAdded to now.
 func (l *lifecycle) setNodeHealth(ctx context.Context, node *corev1.Node, h nodeHealth, now time.Time, restamp bool) error {
 	want := wantReady(h)
-	var have *corev1.NodeCondition
-	for i := range node.Status.Conditions {
-		if node.Status.Conditions[i].Type == corev1.NodeReady {
-			have = &node.Status.Conditions[i]
-		}
-	}
-	if have == nil || have.Status != want.Status || have.Reason != want.Reason {
+	if readyDiffers(node, h) {
 		updated := node.DeepCopy()
 		cond := *want
 		cond.LastTransitionTime, cond.LastHeartbeatTime = metav1.NewTime(now), metav1.NewTime(now)
@@ -513,16 +535,22 @@ func (l *lifecycle) setNodeHealth(ctx context.Context, node *corev1.Node, h node
 	return err
 }
 
-// handlePods marks a lost Node's pods not Ready, evicts those whose tolerations ran out (unless disrupted),
-// and force-deletes those Terminating for longer than pod_gc_timeout: their agent will never confirm.
-func (l *lifecycle) handlePods(ctx context.Context, node *corev1.Node, now time.Time, disrupted bool) {
+// lifecycleWriters is how many API writes a pass has in flight at once, as Kubernetes' node lifecycle
+// controller updates Nodes with several workers.
+const lifecycleWriters = 16
+
+// runWrites runs a pass's writes, lifecycleWriters at a time, and returns when all are done.
+func runWrites(ctx context.Context, writes []func(context.Context)) {
+	workqueue.ParallelizeUntil(ctx, lifecycleWriters, len(writes), func(i int) { writes[i](ctx) })
+}
+
+// lostNodePodWrites returns the writes for a lost Node's pods: mark them not Ready, evict those whose
+// tolerations ran out (unless disrupted), and force-delete those Terminating for longer than pod_gc_timeout:
+// their agent will never confirm.
+func (l *lifecycle) lostNodePodWrites(node *corev1.Node, now time.Time, disrupted bool) []func(context.Context) {
 	objs, _ := l.podIndex.ByIndex(podsByNode, node.Name)
-	var noExecute []corev1.Taint
-	for _, t := range node.Spec.Taints {
-		if t.Effect == corev1.TaintEffectNoExecute {
-			noExecute = append(noExecute, t)
-		}
-	}
+	noExecute := l.noExecuteTaints(node, func(corev1.Taint) bool { return true }, now)
+	var writes []func(context.Context)
 	for _, obj := range objs {
 		pod := obj.(*corev1.Pod)
 		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
@@ -530,48 +558,80 @@ func (l *lifecycle) handlePods(ctx context.Context, node *corev1.Node, now time.
 		}
 		if pod.DeletionTimestamp != nil {
 			if now.Sub(pod.DeletionTimestamp.Time) > l.cfg.PodGCTimeout {
-				l.forceDelete(ctx, pod, "its node "+node.Name+" is gone")
+				writes = append(writes, func(ctx context.Context) { l.forceDelete(ctx, pod, "its node "+node.Name+" is gone") })
 			}
 			continue
 		}
-		l.markNotReady(ctx, pod, now)
+		if podReadyNotFalse(pod) {
+			writes = append(writes, func(ctx context.Context) { l.markNotReady(ctx, pod, now) })
+		}
 		if disrupted {
 			continue
 		}
-		l.evictIfDue(ctx, node.Name, pod, noExecute, now)
-	}
-}
-
-// evictIfDue evicts a pod whose tolerations of one of its Node's NoExecute taints ran out.
-func (l *lifecycle) evictIfDue(ctx context.Context, node string, pod *corev1.Pod, noExecute []corev1.Taint, now time.Time) {
-	for _, taint := range noExecute {
-		if at, evict := evictAt(pod, taint, l.taintAddedAt(node, taint, now), now); evict && !now.Before(at) {
-			l.evict(ctx, pod, taint)
-			return
+		if taint, due := dueTaint(pod, noExecute, now); due {
+			writes = append(writes, func(ctx context.Context) { l.evict(ctx, pod, taint) })
 		}
 	}
+	return writes
 }
 
-// handleUserTaints evicts, from a Node that is not lost, the pods whose tolerations of its other NoExecute
-// taints (a user's, not the health ones) ran out, as Kubernetes' taint eviction controller does on any Node.
-func (l *lifecycle) handleUserTaints(ctx context.Context, node *corev1.Node, now time.Time) {
-	var noExecute []corev1.Taint
+// addedTaint is a NoExecute taint of a Node with when it was added.
+type addedTaint struct {
+	corev1.Taint
+	added time.Time
+}
+
+// noExecuteTaints returns the Node's NoExecute taints that keep says to, each with when it was added.
+func (l *lifecycle) noExecuteTaints(node *corev1.Node, keep func(corev1.Taint) bool, now time.Time) []addedTaint {
+	var out []addedTaint
 	for _, t := range node.Spec.Taints {
-		if t.Effect == corev1.TaintEffectNoExecute && t.Key != taintUnreachable && t.Key != taintNotReady {
-			noExecute = append(noExecute, t)
+		if t.Effect == corev1.TaintEffectNoExecute && keep(t) {
+			out = append(out, addedTaint{t, l.taintAddedAt(node.Name, t, now)})
 		}
 	}
-	if len(noExecute) == 0 {
-		return
+	return out
+}
+
+// dueTaint returns the first of the NoExecute taints whose toleration by the pod ran out.
+func dueTaint(pod *corev1.Pod, taints []addedTaint, now time.Time) (corev1.Taint, bool) {
+	for _, t := range taints {
+		if at, evict := evictAt(pod, t.Taint, t.added, now); evict && !now.Before(at) {
+			return t.Taint, true
+		}
 	}
+	return corev1.Taint{}, false
+}
+
+// userTaintEvictions returns, for a Node that is not lost, the evictions of the pods whose tolerations of
+// its other NoExecute taints (a user's, not the health ones) ran out, as Kubernetes' taint eviction
+// controller does on any Node.
+func (l *lifecycle) userTaintEvictions(node *corev1.Node, now time.Time) []func(context.Context) {
+	noExecute := l.noExecuteTaints(node, func(t corev1.Taint) bool { return t.Key != taintUnreachable && t.Key != taintNotReady }, now)
+	if len(noExecute) == 0 {
+		return nil
+	}
+	var writes []func(context.Context)
 	objs, _ := l.podIndex.ByIndex(podsByNode, node.Name)
 	for _, obj := range objs {
 		pod := obj.(*corev1.Pod)
 		if pod.DeletionTimestamp != nil || pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
 			continue
 		}
-		l.evictIfDue(ctx, node.Name, pod, noExecute, now)
+		if taint, due := dueTaint(pod, noExecute, now); due {
+			writes = append(writes, func(ctx context.Context) { l.evict(ctx, pod, taint) })
+		}
 	}
+	return writes
+}
+
+// podReadyNotFalse says whether the pod's Ready condition is anything but False: what marking it not Ready changes.
+func podReadyNotFalse(pod *corev1.Pod) bool {
+	for _, cond := range pod.Status.Conditions {
+		if cond.Type == corev1.PodReady {
+			return cond.Status != corev1.ConditionFalse
+		}
+	}
+	return false
 }
 
 func (l *lifecycle) markNotReady(ctx context.Context, pod *corev1.Pod, now time.Time) {
