@@ -219,7 +219,8 @@ func httpGet(url string) (string, error) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	if resp.StatusCode != http.StatusOK {
-		return string(body), fmt.Errorf("HTTP %d: %s", resp.StatusCode, body)
+		// The Server header says who answered when it is not the pod meant (it has been a 404 with no body).
+		return string(body), fmt.Errorf("HTTP %d (Server %q): %s", resp.StatusCode, resp.Header.Get("Server"), body)
 	}
 	return string(body), nil
 }

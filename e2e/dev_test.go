@@ -207,6 +207,13 @@ func TestDevRunsAPod(t *testing.T) {
 		if err == nil && strings.TrimSpace(body) != "dev-site" {
 			err = fmt.Errorf("answered %q", body)
 		}
+		if err != nil {
+			// Which hop fails: the pod itself, or the path to it (the rules for the address).
+			podIP := k.ok("get", "pods", "-l", "app=site", "-o", "jsonpath={.items[*].status.podIP}")
+			direct, derr := httpGet("http://" + strings.Fields(podIP + " none")[0] + ":8080/")
+			rules, _ := exec.Command("sh", "-c", "iptables-save -t nat | grep -F -- "+ip).CombinedOutput()
+			err = fmt.Errorf("%w; the pod at %s answered %q, %v; the nat rules for the address:\n%s", err, podIP, direct, derr, rules)
+		}
 		return err
 	})
 }
