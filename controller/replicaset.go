@@ -22,6 +22,7 @@ import (
 	corelisters "k8s.io/client-go/listers/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	kubecontroller "k8s.io/kubernetes/pkg/controller"
 )
 
 const (
@@ -45,6 +46,7 @@ type replicaSetController struct {
 	kube         kubernetes.Interface
 	replicaSets  appslisters.ReplicaSetLister
 	pods         corelisters.PodLister
+	podIndex     cache.Indexer // with kube's pods-by-controller index (addSharedIndexers)
 	queue        *keyQueue
 	expectations *expectations
 	recorder     record.EventRecorder
@@ -69,6 +71,7 @@ func buildReplicaSetController(ctx context.Context, c *Clients) (func(), error) 
 		kube:         c.Kube,
 		replicaSets:  replicaSets.Lister(),
 		pods:         pods.Lister(),
+		podIndex:     pods.Informer().GetIndexer(),
 		expectations: newExpectations(),
 		recorder:     recorder,
 		logger:       c.Logger.Named("replicaset"),
@@ -231,7 +234,10 @@ func (r *replicaSetController) sync(ctx context.Context, key string) (time.Durat
 		r.logger.Warn("replicaset not synced", "replicaset", key, "error", err)
 		return 0, nil // retrying cannot help; an update of the ReplicaSet queues it again
 	}
-	all, err := r.pods.Pods(namespace).List(labels.Everything())
+	// Its own pods and the namespace's orphans, which it may adopt, through the pods-by-controller index, as
+	// Kubernetes' ReplicaSet controller reads them: a listing of the whole namespace at each sync cost a copy
+	// of 3,000 pointers per sync at 30 pods per node, most of the leader's short-lived garbage at 500 nodes.
+	all, err := kubecontroller.FilterPodsByOwner(r.podIndex, &rs.ObjectMeta, replicaSetKind.Kind, true)
 	if err != nil {
 		return 0, err
 	}

@@ -23,6 +23,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	kubecontroller "k8s.io/kubernetes/pkg/controller"
 )
 
 var rankNow = time.Date(2025, 6, 1, 12, 0, 0, 0, time.UTC)
@@ -458,7 +459,12 @@ type replicaSetHarness struct {
 func newReplicaSetHarness(t *testing.T, rs *appsv1.ReplicaSet, pods ...*corev1.Pod) *replicaSetHarness {
 	t.Helper()
 	rsIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
-	podIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc})
+	podIdx := cache.NewIndexer(cache.MetaNamespaceKeyFunc, cache.Indexers{cache.NamespaceIndex: cache.MetaNamespaceIndexFunc,
+		// as kubecontroller.AddPodControllerIndexer indexes the shared informer's pods
+		kubecontroller.PodControllerIndex: func(obj any) ([]string, error) {
+			pod := obj.(*corev1.Pod)
+			return []string{kubecontroller.PodControllerIndexKey(pod.Namespace, metav1.GetControllerOf(pod))}, nil
+		}})
 	objs := []runtime.Object{rs.DeepCopy()}
 	if err := rsIdx.Add(rs); err != nil {
 		t.Fatal(err)
@@ -481,7 +487,7 @@ func newReplicaSetHarness(t *testing.T, rs *appsv1.ReplicaSet, pods ...*corev1.P
 	rec := record.NewFakeRecorder(1000)
 	r := &replicaSetController{
 		kube: kube, replicaSets: appslisters.NewReplicaSetLister(rsIdx), pods: corelisters.NewPodLister(podIdx),
-		expectations: newExpectations(), recorder: rec, logger: hclog.NewNullLogger(),
+		podIndex: podIdx, expectations: newExpectations(), recorder: rec, logger: hclog.NewNullLogger(),
 	}
 	r.queue = newKeyQueue(queueConfig{what: "replicaset", sync: r.sync})
 	t.Cleanup(r.queue.shutDown)
