@@ -210,7 +210,7 @@ func runNodeLifecycle(ctx context.Context, c *Clients) {
 	l := &lifecycle{c: c, cfg: cfg, nodes: nodes.Lister(), podIndex: pods.Informer().GetIndexer(), leases: leases.Lister(),
 		warmAt: time.Now().Add(c.Members.SuspicionTimeout() + time.Second), orphanSince: map[string]time.Time{},
 		failureConfirmed: map[string]time.Time{}, answering: map[string]bool{},
-		preconfirming: map[string]bool{}, preconfirmed: make(chan probeAnswer)}
+		preconfirming: map[string]bool{}, preconfirmed: make(chan probeAnswer), podWriter: newPodWriter(ctx)}
 	// Member changes trigger a pass at once (after a short pause that gathers a burst of them), so detection
 	// is not held back by the tick; the tick catches Leases, tolerations running out and anything missed.
 	events, unsubscribe := c.Members.Subscribe()
@@ -283,6 +283,7 @@ type lifecycle struct {
 	// taintPresent the ones the current pass saw.
 	taintSeen    map[string]time.Time
 	taintPresent map[string]bool
+	podWriter    *podWriter // nil: a pass makes its pod writes itself (unit tests)
 }
 
 // failureRecheck is how long a confirmed failure stands before the member is probed again.
@@ -434,10 +435,12 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 	if l.taintSeen == nil {
 		l.taintSeen = map[string]time.Time{}
 	}
-	// Every Node's health is written first, and in parallel, then every pod's: a dead gossip member takes
-	// its Nodes down together, and at hundreds of Nodes one at a time, each followed by its pods, the last
-	// Node of a dead member was marked a minute after the first.
-	var writes, podWrites []func(context.Context)
+	// Every Node's health is written first, in parallel, and the pass waits for those writes; the pods' writes
+	// go to the background writer. A dead gossip member takes its Nodes down together: at hundreds of Nodes,
+	// one at a time, each followed by its pods, the last Node of a dead member was marked a minute after the
+	// first, and a pass that waited for the pods held the next dead member's Nodes back for 25 s.
+	var writes []func(context.Context)
+	var podWrites []podWrite
 	for _, node := range nodes {
 		h, judged := health[node.Name]
 		if !judged || (h != healthUnreachable && h != healthShutdown) {
@@ -461,7 +464,7 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 		}
 	}
 	runWrites(ctx, writes)
-	runWrites(ctx, podWrites)
+	l.writePods(ctx, podWrites)
 	for key := range l.taintSeen {
 		if !l.taintPresent[key] {
 			delete(l.taintSeen, key) // removed: a taint added again counts afresh
@@ -544,13 +547,83 @@ func runWrites(ctx context.Context, writes []func(context.Context)) {
 	workqueue.ParallelizeUntil(ctx, lifecycleWriters, len(writes), func(i int) { writes[i](ctx) })
 }
 
+// podWrite is one write to a pod that a pass decided on; key names the pod and what is done to it.
+type podWrite struct {
+	key string
+	do  func(context.Context)
+}
+
+func newPodWrite(what string, pod *corev1.Pod, do func(context.Context)) podWrite {
+	return podWrite{key: what + "/" + pod.Namespace + "/" + pod.Name, do: do}
+}
+
+// writePods hands a pass's pod writes to the background writer, or, without one (unit tests), runs them
+// before it returns.
+func (l *lifecycle) writePods(ctx context.Context, writes []podWrite) {
+	if l.podWriter != nil {
+		for _, w := range writes {
+			l.podWriter.add(w)
+		}
+		return
+	}
+	do := make([]func(context.Context), len(writes))
+	for i, w := range writes {
+		do[i] = w.do
+	}
+	runWrites(ctx, do)
+}
+
+// podWriter runs the pod writes of the passes in the background, lifecycleWriters at a time, so that a pass
+// never waits for the pods of the Nodes it lost: at 500 nodes the 1,500 pods of one dead member took 25 s to
+// mark not Ready, and the Nodes of the next member to die waited for them. A write queued again before it
+// ran (the next pass saw the same pod unchanged) replaces the queued one rather than adding a second.
+type podWriter struct {
+	queue  workqueue.TypedInterface[string]
+	mu     sync.Mutex
+	writes map[string]func(context.Context)
+}
+
+// newPodWriter starts a writer that stops when ctx ends.
+func newPodWriter(ctx context.Context) *podWriter {
+	w := &podWriter{queue: workqueue.NewTyped[string](), writes: map[string]func(context.Context){}}
+	for range lifecycleWriters {
+		go w.work(ctx)
+	}
+	context.AfterFunc(ctx, w.queue.ShutDown)
+	return w
+}
+
+func (w *podWriter) add(pw podWrite) {
+	w.mu.Lock()
+	w.writes[pw.key] = pw.do
+	w.mu.Unlock()
+	w.queue.Add(pw.key)
+}
+
+func (w *podWriter) work(ctx context.Context) {
+	for {
+		key, shutdown := w.queue.Get()
+		if shutdown {
+			return
+		}
+		w.mu.Lock()
+		do := w.writes[key]
+		delete(w.writes, key)
+		w.mu.Unlock()
+		if do != nil {
+			do(ctx)
+		}
+		w.queue.Done(key)
+	}
+}
+
 // lostNodePodWrites returns the writes for a lost Node's pods: mark them not Ready, evict those whose
 // tolerations ran out (unless disrupted), and force-delete those Terminating for longer than pod_gc_timeout:
 // their agent will never confirm.
-func (l *lifecycle) lostNodePodWrites(node *corev1.Node, now time.Time, disrupted bool) []func(context.Context) {
+func (l *lifecycle) lostNodePodWrites(node *corev1.Node, now time.Time, disrupted bool) []podWrite {
 	objs, _ := l.podIndex.ByIndex(podsByNode, node.Name)
 	noExecute := l.noExecuteTaints(node, func(corev1.Taint) bool { return true }, now)
-	var writes []func(context.Context)
+	var writes []podWrite
 	for _, obj := range objs {
 		pod := obj.(*corev1.Pod)
 		if pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed {
@@ -558,18 +631,18 @@ func (l *lifecycle) lostNodePodWrites(node *corev1.Node, now time.Time, disrupte
 		}
 		if pod.DeletionTimestamp != nil {
 			if now.Sub(pod.DeletionTimestamp.Time) > l.cfg.PodGCTimeout {
-				writes = append(writes, func(ctx context.Context) { l.forceDelete(ctx, pod, "its node "+node.Name+" is gone") })
+				writes = append(writes, newPodWrite("delete", pod, func(ctx context.Context) { l.forceDelete(ctx, pod, "its node "+node.Name+" is gone") }))
 			}
 			continue
 		}
 		if podReadyNotFalse(pod) {
-			writes = append(writes, func(ctx context.Context) { l.markNotReady(ctx, pod, now) })
+			writes = append(writes, newPodWrite("unready", pod, func(ctx context.Context) { l.markNotReady(ctx, pod, now) }))
 		}
 		if disrupted {
 			continue
 		}
 		if taint, due := dueTaint(pod, noExecute, now); due {
-			writes = append(writes, func(ctx context.Context) { l.evict(ctx, pod, taint) })
+			writes = append(writes, newPodWrite("evict", pod, func(ctx context.Context) { l.evict(ctx, pod, taint) }))
 		}
 	}
 	return writes
@@ -605,12 +678,12 @@ func dueTaint(pod *corev1.Pod, taints []addedTaint, now time.Time) (corev1.Taint
 // userTaintEvictions returns, for a Node that is not lost, the evictions of the pods whose tolerations of
 // its other NoExecute taints (a user's, not the health ones) ran out, as Kubernetes' taint eviction
 // controller does on any Node.
-func (l *lifecycle) userTaintEvictions(node *corev1.Node, now time.Time) []func(context.Context) {
+func (l *lifecycle) userTaintEvictions(node *corev1.Node, now time.Time) []podWrite {
 	noExecute := l.noExecuteTaints(node, func(t corev1.Taint) bool { return t.Key != taintUnreachable && t.Key != taintNotReady }, now)
 	if len(noExecute) == 0 {
 		return nil
 	}
-	var writes []func(context.Context)
+	var writes []podWrite
 	objs, _ := l.podIndex.ByIndex(podsByNode, node.Name)
 	for _, obj := range objs {
 		pod := obj.(*corev1.Pod)
@@ -618,7 +691,7 @@ func (l *lifecycle) userTaintEvictions(node *corev1.Node, now time.Time) []func(
 			continue
 		}
 		if taint, due := dueTaint(pod, noExecute, now); due {
-			writes = append(writes, func(ctx context.Context) { l.evict(ctx, pod, taint) })
+			writes = append(writes, newPodWrite("evict", pod, func(ctx context.Context) { l.evict(ctx, pod, taint) }))
 		}
 	}
 	return writes
