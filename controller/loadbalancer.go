@@ -58,26 +58,32 @@ func buildLoadBalancerController(ctx context.Context, c *Clients) (func(), error
 	services := c.Informers.Core().V1().Services()
 	lb := &loadBalancerAllocator{c: c, cfg: cfg, services: services.Lister(), recorder: c.recorderFor("service-controller")}
 	lb.queue = newKeyQueue(queueConfig{what: "service", logger: c.Logger.Named("loadbalancer"), sync: lb.sync})
-	requeueWaiting := func() {
+	lb.released = func() {
 		for _, key := range lb.waitingKeys() {
 			lb.queue.add(key)
 		}
 	}
+	// A deleted Service's addresses are released by the sweep, which knows the UIDs; a deletion runs it at
+	// once, rather than at its next tick, and the Services waiting for an address are synced after it.
+	sweepNow := make(chan struct{}, 1)
+	kickSweep := func() {
+		select {
+		case sweepNow <- struct{}{}:
+		default:
+		}
+	}
 	services.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: lb.queue.addObject,
-		UpdateFunc: func(old, obj any) {
-			lb.queue.addObject(obj)
-			if ownedLoadBalancer(old.(*corev1.Service)) && !ownedLoadBalancer(obj.(*corev1.Service)) {
-				requeueWaiting()
-			}
-		},
+		// A Service that stops being a load balancer of Skiff's gives its address up in its own sync
+		// (giveUp), which then syncs the waiting Services.
+		UpdateFunc: func(_, obj any) { lb.queue.addObject(obj) },
 		DeleteFunc: func(obj any) {
 			lb.queue.addObject(obj)
-			requeueWaiting()
+			kickSweep()
 		},
 	})
 	return func() {
-		go lb.sweep(ctx, services.Informer().HasSynced)
+		go lb.sweep(ctx, services.Informer().HasSynced, sweepNow)
 		lb.queue.run(ctx, c, services.Informer().HasSynced)
 	}, nil
 }
@@ -88,6 +94,7 @@ type loadBalancerAllocator struct {
 	services corev1listers.ServiceLister
 	recorder record.EventRecorder
 	queue    *keyQueue
+	released func() // addresses were released: sync the Services waiting for one
 }
 
 // ownedLoadBalancer tells whether Skiff gives the Service its address: a LoadBalancer without a class.
@@ -278,13 +285,18 @@ func (lb *loadBalancerAllocator) giveUp(ctx context.Context, svc *corev1.Service
 	for _, ip := range held {
 		errs = append(errs, lb.cfg.Claims.Release(ctx, ip, string(svc.UID)))
 	}
-	return errors.Join(errs...)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	lb.released()
+	return nil
 }
 
-// sweep releases, every loadBalancerRetry, the addresses whose holder is no Service of Skiff's any more (one
-// deleted while no leader watched, say). A claim is made only for a Service the informer has, so a claim
-// whose UID the synced informer lacks is a deleted Service's.
-func (lb *loadBalancerAllocator) sweep(ctx context.Context, synced cache.InformerSynced) {
+// sweep releases, every loadBalancerRetry and at once on a kick (a Service deleted), the addresses whose
+// holder is no Service of Skiff's any more (one deleted while no leader watched, say), and syncs the waiting
+// Services when it freed any. A claim is made only for a Service the informer has, so a claim whose UID the synced
+// informer lacks is a deleted Service's.
+func (lb *loadBalancerAllocator) sweep(ctx context.Context, synced cache.InformerSynced, kick <-chan struct{}) {
 	if !cache.WaitForCacheSync(ctx.Done(), synced) {
 		return
 	}
@@ -296,18 +308,27 @@ func (lb *loadBalancerAllocator) sweep(ctx context.Context, synced cache.Informe
 		for _, svc := range all {
 			live[string(svc.UID)] = true
 		}
+		freed := false
 		for ip, holder := range lb.cfg.Claims.Holders() {
 			if _, known := live[holder]; known {
 				continue // a Service that is no load balancer of Skiff's any more gives it up in its sync
 			}
-			if err := lb.cfg.Claims.Release(ctx, ip, holder); err != nil && ctx.Err() == nil {
-				lb.c.Logger.Warn("releasing the load balancer address of a deleted Service", "ip", ip, "error", err)
+			if err := lb.cfg.Claims.Release(ctx, ip, holder); err != nil {
+				if ctx.Err() == nil {
+					lb.c.Logger.Warn("releasing the load balancer address of a deleted Service", "ip", ip, "error", err)
+				}
+				continue
 			}
+			freed = true
+		}
+		if freed {
+			lb.released()
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-kick:
 		}
 	}
 }
