@@ -261,9 +261,6 @@ func (s *Server) runControllers(ctx context.Context) {
 		s.logger.Error("building controller clients", "error", err)
 		return
 	}
-	if clients.Informers, err = s.leaderInformers(ctx); err != nil {
-		return
-	}
 	clients.ConfigFor = func(serviceAccount string) (*rest.Config, error) {
 		cfg, err := s.identityRESTConfig(ctx, controllerIdentity(serviceAccount))
 		if err == nil {
@@ -333,11 +330,7 @@ func (s *Server) runScheduler(ctx context.Context) {
 		s.logger.Error("building scheduler client", "error", err)
 		return
 	}
-	shared, err := s.leaderInformers(ctx)
-	if err != nil {
-		return
-	}
-	if err := scheduler.New(scheduler.Config{Client: client, Informers: shared, Logger: s.logger.Named("scheduler")}).Run(ctx); err != nil && ctx.Err() == nil {
+	if err := scheduler.New(scheduler.Config{Client: client, Logger: s.logger.Named("scheduler")}).Run(ctx); err != nil && ctx.Err() == nil {
 		s.logger.Error("scheduler stopped", "error", err)
 	}
 }
