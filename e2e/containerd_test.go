@@ -210,8 +210,12 @@ func (k kubectl) podStatusColumn(name string) string {
 	return fields[2]
 }
 
+// httpGet returns the body of a 200 answer to a GET of url, or an error that says who answered otherwise.
+// Every call opens its own connection, straight to the address: a kept-alive connection could carry a
+// wait's retries to whoever answered first (this sandbox's egress proxy, before a LoadBalancer address's
+// rules are in), whatever the rules say by then.
 func httpGet(url string) (string, error) {
-	client := http.Client{Timeout: 3 * time.Second}
+	client := http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	resp, err := client.Get(url)
 	if err != nil {
 		return "", err
