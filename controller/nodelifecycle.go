@@ -3,6 +3,7 @@ package controller
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -610,7 +611,9 @@ func (w *podWriter) work(ctx context.Context) {
 		do := w.writes[key]
 		delete(w.writes, key)
 		w.mu.Unlock()
-		if do != nil {
+		// A shut-down queue still hands out what it holds: once leadership ended, drop it (each write would
+		// only fail on the cancelled context); the next leader's passes decide again.
+		if do != nil && ctx.Err() == nil {
 			do(ctx)
 		}
 		w.queue.Done(key)
@@ -726,7 +729,14 @@ func (l *lifecycle) markNotReady(ctx context.Context, pod *corev1.Pod, now time.
 }
 
 // evict deletes the pod gracefully, as the taint manager does; its controller replaces it elsewhere.
+//
+// The eviction runs after the pass that decided it (queued behind other writes when many Nodes are lost at
+// once): if the Node no longer has the taint by then (it came back), the pod stays, as Kubernetes' taint
+// eviction controller cancels an eviction whose taint went away.
 func (l *lifecycle) evict(ctx context.Context, pod *corev1.Pod, taint corev1.Taint) {
+	if node, err := l.nodes.Get(pod.Spec.NodeName); err == nil && !slices.ContainsFunc(node.Spec.Taints, func(t corev1.Taint) bool { return taint.MatchTaint(&t) }) {
+		return
+	}
 	err := l.c.Kube.CoreV1().Pods(pod.Namespace).Delete(ctx, pod.Name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{UID: &pod.UID}})
 	if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
 		l.c.Logger.Warn("evicting pod", "pod", pod.Namespace+"/"+pod.Name, "error", err)

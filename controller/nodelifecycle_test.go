@@ -820,6 +820,28 @@ func TestReconcileLifecycle(t *testing.T) {
 
 // A confirmed failure stands for failureRecheck, then the member is probed again; a member that comes back
 // alive is forgotten, and probed afresh if it fails again.
+// TestQueuedEvictionOfRecoveredNode: an eviction a pass queued runs later, in the background writer; by then
+// the Node may have come back and lost its unreachable taint, and its pod stays. The pod of a Node that still
+// carries the taint is evicted.
+func TestQueuedEvictionOfRecoveredNode(t *testing.T) {
+	ready := readyCond(corev1.ConditionTrue, "AgentReady")
+	unknown := readyCond(corev1.ConditionUnknown, "NodeStatusUnknown")
+	h := newLifecycleHarness(t, lifecycleWorld{
+		nodes: []*corev1.Node{testNode("n-back", ready), testNode("n-lost", unknown, unreachableTaints(lifecycleT0)...)},
+		pods:  []*corev1.Pod{testPod("p-back", "n-back"), testPod("p-lost", "n-lost")},
+	})
+	taint := unreachableTaints(lifecycleT0)[1]
+	h.l.evict(context.Background(), testPod("p-back", "n-back"), taint)
+	h.l.evict(context.Background(), testPod("p-lost", "n-lost"), taint)
+	deletes := h.podDeletes()
+	if _, ok := deletes["p-back"]; ok {
+		t.Error("the pod of the Node that came back was evicted")
+	}
+	if _, ok := deletes["p-lost"]; !ok {
+		t.Error("the pod of the Node still lost was not evicted")
+	}
+}
+
 func TestConfirmFailuresRechecks(t *testing.T) {
 	t0 := time.Date(2026, 11, 24, 3, 0, 0, 0, time.UTC)
 	dead := member("a", gossip.StatusDead, "n")
