@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/hcl/v2"
 	"github.com/hashicorp/hcl/v2/gohcl"
 	"github.com/hashicorp/hcl/v2/hclsyntax"
+	"k8s.io/apimachinery/pkg/api/resource"
 )
 
 // source remembers the parsed file so that errors found after decoding can point at a line.
@@ -103,6 +104,23 @@ func (es *Errors) gossipKey(src *source, key, val string) string {
 		es.add(src, key, "must be a base64 key of 16, 24 or 32 bytes (for example from `openssl rand -base64 32`)")
 	}
 	return val
+}
+
+// minMemoryLimit is the least memory_limit taken: an empty server's heap is about 100 MB, and below a
+// limit its live heap reaches, the garbage collector runs almost without pause.
+const minMemoryLimit = 256 << 20
+
+// memoryLimit parses a memory_limit, a Kubernetes quantity ("2Gi", "1500Mi"), into bytes.
+func (es *Errors) memoryLimit(src *source, key, val string) int64 {
+	q, err := resource.ParseQuantity(val)
+	if err != nil {
+		es.add(src, key, fmt.Sprintf("%q is not a quantity of bytes (use a number with a unit, such as \"2Gi\" or \"1500Mi\")", val))
+		return 0
+	}
+	if q.Value() < minMemoryLimit {
+		es.add(src, key, fmt.Sprintf("%q is below the least a server runs in, 256Mi", val))
+	}
+	return q.Value()
 }
 
 func (es Errors) err() error {

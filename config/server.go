@@ -23,15 +23,19 @@ import (
 // ServerFile is the schema of a server configuration file. Pointers mark optional keys, so that layering
 // can tell "not set" from a zero value.
 type ServerFile struct {
-	Name          *string      `hcl:"name,optional"`
-	DataDir       *string      `hcl:"data_dir,optional"`
-	BindAddr      *string      `hcl:"bind_addr,optional"`
-	AdvertiseAddr *string      `hcl:"advertise_addr,optional"`
-	LogLevel      *string      `hcl:"log_level,optional"`
-	LogJSON       *bool        `hcl:"log_json,optional"`
-	Encrypt       *string      `hcl:"encrypt,optional"`
-	Ports         *PortsBlock  `hcl:"ports,block"`
-	Server        *ServerBlock `hcl:"server,block"`
+	Name          *string `hcl:"name,optional"`
+	DataDir       *string `hcl:"data_dir,optional"`
+	BindAddr      *string `hcl:"bind_addr,optional"`
+	AdvertiseAddr *string `hcl:"advertise_addr,optional"`
+	LogLevel      *string `hcl:"log_level,optional"`
+	LogJSON       *bool   `hcl:"log_json,optional"`
+	Encrypt       *string `hcl:"encrypt,optional"`
+	// MemoryLimit is the Go runtime's soft memory limit for the server process (a Kubernetes quantity, such as
+	// "2Gi"): near it the garbage collector runs more often instead of letting the heap grow to twice what is
+	// live. Unset: the GOMEMLIMIT environment variable's, or none.
+	MemoryLimit *string      `hcl:"memory_limit,optional"`
+	Ports       *PortsBlock  `hcl:"ports,block"`
+	Server      *ServerBlock `hcl:"server,block"`
 }
 
 // PortsBlock is `ports { ... }`.
@@ -148,6 +152,7 @@ type Server struct {
 	LogLevel      string
 	LogJSON       bool
 	Encrypt       string // base64 gossip key; empty: the key derived from Token (see gossip.Config)
+	MemoryLimit   int64  // bytes; 0: not set (see ServerFile)
 	Ports         Ports
 
 	BootstrapExpect int
@@ -344,6 +349,9 @@ func resolveServer(f *ServerFile, src *source) (*Server, error) {
 	}
 	if !validLogLevel(s.LogLevel) {
 		errs.add(src, "log_level", fmt.Sprintf("%q is not one of trace, debug, info, warn, error", s.LogLevel))
+	}
+	if f.MemoryLimit != nil {
+		s.MemoryLimit = errs.memoryLimit(src, "memory_limit", *f.MemoryLimit)
 	}
 	seen := map[int]string{}
 	for _, p := range []struct {

@@ -51,6 +51,14 @@ func TestLoadServerExample(t *testing.T) {
 	if strings.Join(s.RetryJoin, ",") != "127.0.0.2:7946,127.0.0.3:7946" {
 		t.Fatalf("retry_join = %v", s.RetryJoin)
 	}
+	if s.MemoryLimit != 0 {
+		t.Fatalf("memory_limit not set, but %d", s.MemoryLimit)
+	}
+	if s, err := LoadServer(writeFile(t, "memory_limit = \"1536Mi\"\n"), nil); err != nil {
+		t.Fatal(err)
+	} else if s.MemoryLimit != 1536<<20 {
+		t.Fatalf("memory_limit 1536Mi: %d bytes", s.MemoryLimit)
+	}
 	// Defaults fill what the file leaves out.
 	if s.LeaderLeaseTimeout != 250*time.Millisecond || s.HistoryAge != 5*time.Minute || s.WriteTimeout != 10*time.Second {
 		t.Fatalf("defaults not applied: %+v", s)
@@ -118,6 +126,8 @@ func TestServerErrorsNameFileLineAndKey(t *testing.T) {
 		{"bad retry_join", "server {\n  retry_join = [\"a:b:c\"]\n}\n", ":2: server.retry_join: entry 0"},
 		{"empty manifests_dir", "server {\n  manifests_dir = \"\"\n}\n", ":2: server.manifests_dir: must not be empty"},
 		{"bad encrypt key", "encrypt = \"c2hvcnQ=\"\n", ":1: encrypt: must be a base64 key of 16, 24 or 32 bytes"},
+		{"memory_limit not a quantity", "memory_limit = \"2GB of RAM\"\n", ":1: memory_limit: \"2GB of RAM\" is not a quantity of bytes"},
+		{"memory_limit too small", "memory_limit = \"64Mi\"\n", ":1: memory_limit: \"64Mi\" is below the least a server runs in, 256Mi"},
 		{"load balancer pool not an address", "server {\n  load_balancer {\n    pool = [\"10.10.0.0/28\", \"lb\"]\n  }\n}\n", ":3: server.load_balancer.pool: entry 1: \"lb\" is not an IPv4 address"},
 		{"load balancer pool in the service CIDR", "server {\n  load_balancer {\n    pool = [\"10.96.0.0/28\"]\n  }\n}\n", ":3: server.load_balancer.pool: entry 0: 10.96.0.1-10.96.0.14 overlaps server.service_cidr 10.96.0.0/16"},
 		{"load balancer pools overlapping", "server {\n  load_balancer {\n    pool = [\"10.10.0.0/28\"]\n    pools = { edge = [\"10.10.0.5-10.10.0.20\"] }\n  }\n}\n", ":4: server.load_balancer.pools: pool \"edge\", entry 0: 10.10.0.5-10.10.0.20 overlaps entry 0 of server.load_balancer.pool"},

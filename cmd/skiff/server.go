@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -95,6 +96,11 @@ func runServer(args []string) int {
 		return 1
 	}
 	logger, tail := newLogger(cfg.LogLevel, cfg.LogJSON, true)
+	if cfg.MemoryLimit > 0 {
+		// Process-wide, so set here and not by server.New: tests run several servers in one process.
+		debug.SetMemoryLimit(cfg.MemoryLimit)
+		logger.Info("Go memory limit", "bytes", cfg.MemoryLimit)
+	}
 	srv, err := server.New(cfg, logger, server.Options{LogTail: tail.Bytes})
 	if err != nil {
 		logger.Error("starting server", "error", err)
