@@ -122,6 +122,9 @@ func TestRejoinThroughRememberedPeers(t *testing.T) {
 	}
 	start("a", a, nil, "")
 	pb := start("b", b, []string{addr(a)}, "")
+	// c must join a b that already knows a: a c that joined first learns of a only by gossip that b may have
+	// finished sending, or by the next push/pull, 15 s away.
+	waitFor(t, "b to see a", func() bool { return len(pb.Alive("")) == 2 })
 	pc := start("c", c, []string{addr(b)}, peers)
 	waitFor(t, "c to see a and b", func() bool { return len(pc.Alive("")) == 3 })
 	waitFor(t, "c's peers file to list a and b", func() bool {
