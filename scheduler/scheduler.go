@@ -35,7 +35,10 @@ const SchedulerName = corev1.DefaultSchedulerName
 // Config configures a Scheduler.
 type Config struct {
 	Client kubernetes.Interface
-	Logger hclog.Logger
+	// Informers, when set, is the informer factory the scheduler shares with the leader's other services;
+	// else it builds its own on Client.
+	Informers informers.SharedInformerFactory
+	Logger    hclog.Logger
 	// Seed seeds the tie-breaking between equally scored nodes; 0 picks one from the clock.
 	Seed int64
 	// BindWorkers bounds the binds in flight (default 64).
@@ -44,12 +47,13 @@ type Config struct {
 
 // Scheduler places pending pods; see the package documentation for the pipeline.
 type Scheduler struct {
-	client   kubernetes.Interface
-	logger   hclog.Logger
-	rand     *rand.Rand
-	cache    *Cache
-	queue    *Queue
-	recorder record.EventRecorder
+	client    kubernetes.Interface
+	informers informers.SharedInformerFactory // nil: Run builds its own
+	logger    hclog.Logger
+	rand      *rand.Rand
+	cache     *Cache
+	queue     *Queue
+	recorder  record.EventRecorder
 
 	preFilters []PreFilterPlugin
 	filters    []FilterPlugin
@@ -96,7 +100,7 @@ func New(cfg Config) *Scheduler {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	s := &Scheduler{
-		client: cfg.Client, logger: cfg.Logger, rand: rand.New(rand.NewSource(seed)),
+		client: cfg.Client, informers: cfg.Informers, logger: cfg.Logger, rand: rand.New(rand.NewSource(seed)),
 		cache: NewCache(), filters: filterPlugins, scorers: scorePlugins,
 		binds: make(chan struct{}, cfg.BindWorkers), nominated: newNominator(),
 	}
@@ -124,9 +128,12 @@ func (s *Scheduler) Run(ctx context.Context) error {
 	defer broadcaster.Shutdown()
 	s.recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: SchedulerName})
 
-	// Managed fields are for apply; the scheduler never reads them, and at 50,000 pods they would be most
-	// of its memory.
-	factory := informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(cachetransform.StripManagedFields))
+	factory := s.informers
+	if factory == nil {
+		// Managed fields are for apply; the scheduler never reads them, and at 50,000 pods they would be most
+		// of its memory.
+		factory = informers.NewSharedInformerFactoryWithOptions(s.client, 0, informers.WithTransform(cachetransform.StripManagedFields))
+	}
 	s.namespaces = factory.Core().V1().Namespaces().Lister()
 	s.priorityClasses = factory.Scheduling().V1().PriorityClasses().Lister()
 	if _, err := factory.Core().V1().Nodes().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -169,13 +176,15 @@ func (s *Scheduler) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	factory.Core().V1().Namespaces().Informer()
-	factory.Scheduling().V1().PriorityClasses().Informer()
 	factory.Start(ctx.Done())
 	defer factory.Shutdown()
-	for typ, ok := range factory.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			return fmt.Errorf("informer for %v did not sync", typ)
+	// Only its own: a shared factory holds the other services' informers too.
+	for _, inf := range []cache.SharedIndexInformer{factory.Core().V1().Nodes().Informer(), factory.Core().V1().Pods().Informer(),
+		factory.Core().V1().PersistentVolumeClaims().Informer(), factory.Core().V1().PersistentVolumes().Informer(),
+		factory.Storage().V1().StorageClasses().Informer(), factory.Core().V1().Namespaces().Informer(),
+		factory.Scheduling().V1().PriorityClasses().Informer()} {
+		if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+			return fmt.Errorf("the scheduler's informers did not sync")
 		}
 	}
 	go s.queue.Run(ctx)

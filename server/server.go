@@ -42,6 +42,8 @@ type Server struct {
 	logTail func() []byte // nil when the process keeps no log tail
 	node    *raftnode.Node
 	pool    *gossip.Pool
+	// termInformers are the informers the current leader term's controllers and scheduler share.
+	termInformers leaderInformers
 	// pki is the cluster CA and this server's certificate for the Raft port; token the cluster token.
 	pki   *raftPKI
 	token join.Token

@@ -261,6 +261,9 @@ func (s *Server) runControllers(ctx context.Context) {
 		s.logger.Error("building controller clients", "error", err)
 		return
 	}
+	if clients.Informers, err = s.leaderInformers(ctx); err != nil {
+		return
+	}
 	clients.ConfigFor = func(serviceAccount string) (*rest.Config, error) {
 		cfg, err := s.identityRESTConfig(ctx, controllerIdentity(serviceAccount))
 		if err == nil {
@@ -330,7 +333,11 @@ func (s *Server) runScheduler(ctx context.Context) {
 		s.logger.Error("building scheduler client", "error", err)
 		return
 	}
-	if err := scheduler.New(scheduler.Config{Client: client, Logger: s.logger.Named("scheduler")}).Run(ctx); err != nil && ctx.Err() == nil {
+	shared, err := s.leaderInformers(ctx)
+	if err != nil {
+		return
+	}
+	if err := scheduler.New(scheduler.Config{Client: client, Informers: shared, Logger: s.logger.Named("scheduler")}).Run(ctx); err != nil && ctx.Err() == nil {
 		s.logger.Error("scheduler stopped", "error", err)
 	}
 }

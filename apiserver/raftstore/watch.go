@@ -16,6 +16,7 @@ import (
 	utilflowcontrol "k8s.io/apiserver/pkg/util/flowcontrol"
 
 	"github.com/skiff-dev/skiff/fsm"
+	"github.com/skiff-dev/skiff/internal/memshare"
 )
 
 const resultBuffer = 100
@@ -32,6 +33,11 @@ type watchChan struct {
 	progressNotify bool
 	fw             *fsm.Watcher
 	result         chan watch.Event
+	// latest holds, by key, the object this watch sent last, when it watches a whole resource unfiltered
+	// (the watch cache's own watch): a new version decoded for the next event shares the memory of the
+	// parts it has in common with it (memshare), since the watch cache keeps both in its event window.
+	// The map holds only objects the watch cache holds too. Nil for other watches.
+	latest map[string]runtime.Object
 }
 
 // Watch implements storage.Interface.
@@ -91,6 +97,9 @@ func (s *Store) Watch(ctx context.Context, key string, opts storage.ListOptions)
 		result: make(chan watch.Event, resultBuffer)}
 	if wc.pred.Empty() {
 		wc.pred = storage.Everything
+		if wc.recursive {
+			wc.latest = map[string]runtime.Object{}
+		}
 	}
 	wc.ctx, wc.cancel = context.WithCancel(ctx)
 	fw, err := st.Watch(key, fromRev)
@@ -164,6 +173,7 @@ func (wc *watchChan) run(initial []*fsm.KeyValue, fromRev int64, endBookmark boo
 			wc.sendError(err)
 			return
 		}
+		wc.remember(kv.Key, obj, false)
 		if wc.matches(obj) && !wc.send(watch.Event{Type: watch.Added, Object: obj}) {
 			return
 		}
@@ -210,6 +220,22 @@ func (wc *watchChan) decode(key string, stored []byte, rev int64) (runtime.Objec
 	return obj, nil
 }
 
+// remember shares obj's memory with the version of key this watch sent before, if it keeps one, and keeps
+// obj in its place; a deleted key is forgotten.
+func (wc *watchChan) remember(key string, obj runtime.Object, deleted bool) {
+	if wc.latest == nil {
+		return
+	}
+	if prev, ok := wc.latest[key]; ok {
+		memshare.With(obj, prev)
+	}
+	if deleted {
+		delete(wc.latest, key)
+	} else {
+		wc.latest[key] = obj
+	}
+}
+
 func (wc *watchChan) bookmark(rev int64) (runtime.Object, error) {
 	obj := wc.s.newFunc()
 	if err := wc.s.versioner.UpdateObject(obj, uint64(rev)); err != nil {
@@ -246,14 +272,22 @@ func (wc *watchChan) transform(ev fsm.Event) (*watch.Event, error) {
 	case fsm.EventDelete:
 		// The deleted object carries the deleting revision.
 		old, err := wc.decode(ev.KV.Key, ev.Prev.Value, ev.Revision)
-		if err != nil || !wc.matches(old) {
+		if err != nil {
 			return nil, err
+		}
+		wc.remember(ev.KV.Key, old, true)
+		if !wc.matches(old) {
+			return nil, nil
 		}
 		return &watch.Event{Type: watch.Deleted, Object: old}, nil
 	case fsm.EventCreate:
 		cur, err := wc.decode(ev.KV.Key, ev.KV.Value, ev.KV.ModRevision)
-		if err != nil || !wc.matches(cur) {
+		if err != nil {
 			return nil, err
+		}
+		wc.remember(ev.KV.Key, cur, false)
+		if !wc.matches(cur) {
+			return nil, nil
 		}
 		return &watch.Event{Type: watch.Added, Object: cur}, nil
 	}
@@ -261,6 +295,7 @@ func (wc *watchChan) transform(ev fsm.Event) (*watch.Event, error) {
 	if err != nil {
 		return nil, err
 	}
+	wc.remember(ev.KV.Key, cur, false)
 	if wc.pred.Empty() {
 		return &watch.Event{Type: watch.Modified, Object: cur}, nil
 	}
