@@ -36,8 +36,11 @@ type Clients struct {
 	Metadata  metadata.Interface
 	Discovery discovery.DiscoveryInterface
 	Informers informers.SharedInformerFactory
-	Recorder  record.EventRecorder
-	Logger    hclog.Logger
+	// InformersStarted, when set, is called once the manager has built every controller and started
+	// Informers (or has given up building them): other services sharing the factory start it only after.
+	InformersStarted func()
+	Recorder         record.EventRecorder
+	Logger           hclog.Logger
 	// Members is the gossip pool, for the node lifecycle controller; nil turns it off.
 	Members       Members
 	NodeLifecycle NodeLifecycleConfig
@@ -101,6 +104,12 @@ func (c *Clients) connect(cfg *rest.Config) error {
 	c.broadcaster = broadcaster
 	c.Recorder = broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "node-controller"})
 	return nil
+}
+
+func (c *Clients) informersStarted() {
+	if c.InformersStarted != nil {
+		c.InformersStarted()
+	}
 }
 
 // actingAs is a copy of the clients that acts as a controller's service account, sharing the informers.
@@ -216,6 +225,7 @@ func addSharedIndexers(f informers.SharedInformerFactory) error {
 func Run(ctx context.Context, c *Clients) {
 	if err := addSharedIndexers(c.Informers); err != nil {
 		c.Logger.Error("informer indexes: controllers not started", "error", err)
+		c.informersStarted()
 		return
 	}
 	c.restMapper = restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(c.Discovery))
@@ -255,6 +265,7 @@ func runControllers(ctx context.Context, c *Clients, table []controllerEntry) {
 		})
 	}
 	c.Informers.Start(ctx.Done())
+	c.informersStarted()
 	for _, run := range runs {
 		wg.Go(run)
 	}

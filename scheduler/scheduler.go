@@ -38,7 +38,10 @@ type Config struct {
 	// Informers, when set, is the informer factory the scheduler shares with the leader's other services;
 	// else it builds its own on Client.
 	Informers informers.SharedInformerFactory
-	Logger    hclog.Logger
+	// InformersStarted, with Informers, is closed once the factory's owner has registered all it needs and
+	// started it; Run starts the factory only after (the owner's handlers may not be ready for events before).
+	InformersStarted <-chan struct{}
+	Logger           hclog.Logger
 	// Seed seeds the tie-breaking between equally scored nodes; 0 picks one from the clock.
 	Seed int64
 	// BindWorkers bounds the binds in flight (default 64).
@@ -49,6 +52,7 @@ type Config struct {
 type Scheduler struct {
 	client    kubernetes.Interface
 	informers informers.SharedInformerFactory // nil: Run builds its own
+	started   <-chan struct{}                 // with informers: when Run may start them
 	logger    hclog.Logger
 	rand      *rand.Rand
 	cache     *Cache
@@ -100,7 +104,7 @@ func New(cfg Config) *Scheduler {
 		cfg.Logger = hclog.NewNullLogger()
 	}
 	s := &Scheduler{
-		client: cfg.Client, informers: cfg.Informers, logger: cfg.Logger, rand: rand.New(rand.NewSource(seed)),
+		client: cfg.Client, informers: cfg.Informers, started: cfg.InformersStarted, logger: cfg.Logger, rand: rand.New(rand.NewSource(seed)),
 		cache: NewCache(), filters: filterPlugins, scorers: scorePlugins,
 		binds: make(chan struct{}, cfg.BindWorkers), nominated: newNominator(),
 	}
@@ -174,6 +178,13 @@ func (s *Scheduler) Run(ctx context.Context) error {
 		factory.Core().V1().PersistentVolumes().Informer(), factory.Storage().V1().StorageClasses().Informer()} {
 		if _, err := inf.AddEventHandler(retry); err != nil {
 			return err
+		}
+	}
+	if s.started != nil {
+		select {
+		case <-s.started:
+		case <-ctx.Done():
+			return nil
 		}
 	}
 	factory.Start(ctx.Done())

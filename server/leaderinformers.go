@@ -12,23 +12,34 @@ import (
 
 // leaderInformers holds the informer factory that the leader services of one term share. Kubernetes runs
 // the controller manager and the scheduler as two processes, each with its own watch of every pod and node;
-// here both run in the leader's process, and one copy of the cluster's pods (150 MB of heap at 15,000 pods)
-// serves both.
+// here both run in the leader's process, and one copy of the cluster's pods serves both.
 type leaderInformers struct {
-	mu      sync.Mutex
-	term    context.Context // the term the factory belongs to: its services' context
-	factory informers.SharedInformerFactory
+	mu   sync.Mutex
+	term context.Context // the term the factory belongs to: its services' context
+	cur  *termInformers
 }
 
-// leaderInformers returns the informer factory of the leader term whose services run with ctx, built by the
-// first service that asks. Its lists and watches go through this peer's API as the controller manager, whose
-// role reads what the controllers and the scheduler watch. Each service starts the informers it registered
-// with ctx and shuts the factory down when ctx ends; the factory's informers all stop with the term.
-func (s *Server) leaderInformers(ctx context.Context) (informers.SharedInformerFactory, error) {
+// termInformers is one term's shared factory and its start gate. The controller manager builds every
+// controller before it starts the factory, because Kubernetes' constructors register event handlers before
+// they set the fields those handlers read (the disruption controller's); another service that started the
+// factory first would run such a handler too early. So the other services register their informers, then
+// wait for started before they start the factory themselves (which starts what was registered since).
+type termInformers struct {
+	factory informers.SharedInformerFactory
+	// started is closed once the controller manager has started the factory, or has given up building its
+	// controllers, or the term ended.
+	started     chan struct{}
+	markStarted func()
+}
+
+// leaderInformers returns the shared informers of the leader term whose services run with ctx, built by the
+// first service that asks. Their lists and watches go through this peer's API as the controller manager,
+// whose role reads what the controllers and the scheduler watch. The factory's informers stop with the term.
+func (s *Server) leaderInformers(ctx context.Context) (*termInformers, error) {
 	s.termInformers.mu.Lock()
 	defer s.termInformers.mu.Unlock()
 	if s.termInformers.term == ctx {
-		return s.termInformers.factory, nil
+		return s.termInformers.cur, nil
 	}
 	cfg, err := s.identityRESTConfig(ctx, controllerManagerIdentity)
 	if err != nil {
@@ -40,16 +51,22 @@ func (s *Server) leaderInformers(ctx context.Context) (informers.SharedInformerF
 	if err != nil {
 		return nil, err
 	}
-	// Managed fields are for apply; no controller and no scheduler plugin reads them.
-	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(cachetransform.StripManagedFields))
-	s.termInformers.term, s.termInformers.factory = ctx, factory
-	// A peer that no longer leads keeps no copy of the cluster.
+	started := make(chan struct{})
+	ti := &termInformers{
+		// Managed fields are for apply; no controller and no scheduler plugin reads them.
+		factory:     informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(cachetransform.StripManagedFields)),
+		started:     started,
+		markStarted: sync.OnceFunc(func() { close(started) }),
+	}
+	s.termInformers.term, s.termInformers.cur = ctx, ti
 	context.AfterFunc(ctx, func() {
+		ti.markStarted()
+		// A peer that no longer leads keeps no copy of the cluster.
 		s.termInformers.mu.Lock()
 		defer s.termInformers.mu.Unlock()
 		if s.termInformers.term == ctx {
-			s.termInformers.term, s.termInformers.factory = nil, nil
+			s.termInformers.term, s.termInformers.cur = nil, nil
 		}
 	})
-	return factory, nil
+	return ti, nil
 }

@@ -251,6 +251,13 @@ func (s *Server) renewLeaderLease(ctx context.Context, client kubernetes.Interfa
 // runControllers is a leader service: the controller manager, through this peer's API, as
 // system:kube-controller-manager, each controller as its own service account.
 func (s *Server) runControllers(ctx context.Context) {
+	shared, err := s.leaderInformers(ctx)
+	if err != nil {
+		return
+	}
+	// The other services start the shared informers once the controllers are built, or at once if they are
+	// not to be.
+	defer shared.markStarted()
 	cfg, err := s.identityRESTConfig(ctx, controllerManagerIdentity)
 	if err != nil {
 		return
@@ -261,9 +268,7 @@ func (s *Server) runControllers(ctx context.Context) {
 		s.logger.Error("building controller clients", "error", err)
 		return
 	}
-	if clients.Informers, err = s.leaderInformers(ctx); err != nil {
-		return
-	}
+	clients.Informers, clients.InformersStarted = shared.factory, shared.markStarted
 	clients.ConfigFor = func(serviceAccount string) (*rest.Config, error) {
 		cfg, err := s.identityRESTConfig(ctx, controllerIdentity(serviceAccount))
 		if err == nil {
@@ -337,7 +342,8 @@ func (s *Server) runScheduler(ctx context.Context) {
 	if err != nil {
 		return
 	}
-	if err := scheduler.New(scheduler.Config{Client: client, Informers: shared, Logger: s.logger.Named("scheduler")}).Run(ctx); err != nil && ctx.Err() == nil {
+	if err := scheduler.New(scheduler.Config{Client: client, Informers: shared.factory, InformersStarted: shared.started,
+		Logger: s.logger.Named("scheduler")}).Run(ctx); err != nil && ctx.Err() == nil {
 		s.logger.Error("scheduler stopped", "error", err)
 	}
 }
