@@ -15,6 +15,7 @@ import (
 	"k8s.io/apiserver/pkg/authorization/union"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/dynamic-resource-allocation/resourceclaim"
 	"k8s.io/kubernetes/pkg/auth/nodeidentifier"
 	"k8s.io/kubernetes/plugin/pkg/auth/authorizer/node"
 	"k8s.io/kubernetes/plugin/pkg/auth/authorizer/rbac"
@@ -177,14 +178,17 @@ func feedNodeGraph(graph *node.Graph, factory informers.SharedInformerFactory) e
 	return err
 }
 
-// addPodToGraph adds a bound pod's edges; an update that changes neither the node, the UID nor the
-// ephemeral containers (the only references that can change) is skipped, as the library does.
+// addPodToGraph adds a bound pod's edges; an update that changes neither the node, the UID, the ephemeral
+// containers nor the claims generated for the pod (the only references that can change) is skipped, as the
+// library does.
 func addPodToGraph(graph *node.Graph, old, pod *corev1.Pod) {
 	if pod.Spec.NodeName == "" {
 		return
 	}
 	if old != nil && old.Spec.NodeName == pod.Spec.NodeName && old.UID == pod.UID &&
-		len(pod.Spec.EphemeralContainers) <= len(old.Spec.EphemeralContainers) {
+		len(pod.Spec.EphemeralContainers) <= len(old.Spec.EphemeralContainers) &&
+		resourceclaim.PodStatusEqual(old.Status.ResourceClaimStatuses, pod.Status.ResourceClaimStatuses) &&
+		resourceclaim.PodExtendedStatusEqual(old.Status.ExtendedResourceClaimStatus, pod.Status.ExtendedResourceClaimStatus) {
 		return
 	}
 	graph.AddPod(pod)
