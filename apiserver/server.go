@@ -186,8 +186,8 @@ func New(c Config) (*Server, error) {
 		return nil, err
 	}
 	// Admission, the authorizers and flow control read these caches; none reads managed fields, which are a
-	// third of a stored pod.
-	cfg.SharedInformerFactory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(cachetransform.StripManagedFields))
+	// third of a stored pod, nor a pod's status but for its claims (cachetransform.ForAPIServer).
+	cfg.SharedInformerFactory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(cachetransform.ForAPIServer))
 	// API Priority and Fairness, on by default as in kube-apiserver: each request is classified by the
 	// FlowSchemas (kinds_flowcontrol.go keeps the bootstrap ones), waits in its priority level's fair queues
 	// and is refused with 429 when they are full; exempt ones (system:masters, health checks) pass at once.

@@ -2,6 +2,7 @@
 package cachetransform
 
 import (
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/cache"
 )
@@ -18,6 +19,24 @@ func StripManagedFields(obj any) (any, error) {
 	}
 	if m, err := meta.Accessor(inner); err == nil && m.GetManagedFields() != nil {
 		m.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// ForAPIServer is the transform of the API server's own informers (cache.TransformFunc): managed fields
+// dropped, and a pod's status too but for its resource claim statuses. Their readers, the Node authorizer's
+// graph, NodeRestriction and PodSecurity, read a pod's metadata and spec; the graph also reads the names of
+// the claims generated for it, which only its status holds (both kinds of claim status). The rest of the status (conditions, IPs, every
+// container's state) is a quarter of a pod, and each server keeps every pod of the cluster in this cache.
+func ForAPIServer(obj any) (any, error) {
+	obj, _ = StripManagedFields(obj)
+	inner := obj
+	if tomb, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		inner = tomb.Obj
+	}
+	if pod, ok := inner.(*corev1.Pod); ok {
+		pod.Status = corev1.PodStatus{ResourceClaimStatuses: pod.Status.ResourceClaimStatuses,
+			ExtendedResourceClaimStatus: pod.Status.ExtendedResourceClaimStatus}
 	}
 	return obj, nil
 }

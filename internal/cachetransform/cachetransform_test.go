@@ -36,3 +36,29 @@ func TestStripManagedFields(t *testing.T) {
 		t.Errorf("a non-object: %v, %v", out, err)
 	}
 }
+
+func TestForAPIServerKeepsSpecAndClaims(t *testing.T) {
+	claim := "pod-gpu-x7k2"
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "p", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}},
+		Spec:       corev1.PodSpec{NodeName: "n1", ServiceAccountName: "sa"},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1",
+			ResourceClaimStatuses: []corev1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: &claim}}},
+	}
+	out, err := ForAPIServer(cache.DeletedFinalStateUnknown{Key: "ns/p", Obj: pod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := out.(cache.DeletedFinalStateUnknown).Obj.(*corev1.Pod)
+	if got.ManagedFields != nil || got.Status.Phase != "" || got.Status.PodIP != "" {
+		t.Errorf("managed fields or status kept: %+v %+v", got.ManagedFields, got.Status)
+	}
+	if got.Spec.NodeName != "n1" || got.Spec.ServiceAccountName != "sa" || len(got.Status.ResourceClaimStatuses) != 1 ||
+		*got.Status.ResourceClaimStatuses[0].ResourceClaimName != claim {
+		t.Errorf("spec or claim statuses lost: %+v %+v", got.Spec, got.Status)
+	}
+	node := &corev1.Node{Status: corev1.NodeStatus{Phase: corev1.NodeRunning}}
+	if out, _ := ForAPIServer(node); out.(*corev1.Node).Status.Phase != corev1.NodeRunning {
+		t.Error("a node's status was dropped")
+	}
+}
