@@ -417,8 +417,50 @@ func deadNodeDetection(b *testing.B, t *scaleTarget, hosts int) []time.Duration 
 		}
 		mu.Unlock()
 		restart()
+		waitHostSettled(b, t.clients[0], names)
 	}
 	return times
+}
+
+// waitHostSettled waits until a restarted host's nodes are Ready and every pod bound to them that has not
+// finished is Ready again: its agent has registered its nodes and reported its pods anew. The next host is
+// killed only then, so each kill is timed on a settled cluster (as BenchmarkNodeDetection times it), not
+// beside the previous host's recovery (50 nodes and 1,500 pod status writes at 30 pods a node).
+func waitHostSettled(b *testing.B, client kubernetes.Interface, nodes []string) {
+	t0 := time.Now()
+	waitUntil(b, fmt.Sprintf("the %d nodes of a restarted host and their pods Ready", len(nodes)), 10*time.Minute, func() (bool, string) {
+		time.Sleep(time.Second)
+		for _, name := range nodes {
+			node, err := client.CoreV1().Nodes().Get(context.Background(), name, metav1.GetOptions{ResourceVersion: "0"})
+			if err != nil {
+				return false, err.Error()
+			}
+			if !conditionTrue(node.Status.Conditions, corev1.NodeReady) {
+				return false, fmt.Sprintf("node %s not Ready", name)
+			}
+			pods, err := client.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{ResourceVersion: "0",
+				FieldSelector: "spec.nodeName=" + name})
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, pod := range pods.Items {
+				if pod.Status.Phase != corev1.PodSucceeded && pod.Status.Phase != corev1.PodFailed && !podReady(&pod) {
+					return false, fmt.Sprintf("pod %s/%s on %s not Ready", pod.Namespace, pod.Name, name)
+				}
+			}
+		}
+		return true, ""
+	})
+	b.Logf("a restarted host's %d nodes and their pods Ready again %v after its start", len(nodes), time.Since(t0).Round(time.Second))
+}
+
+func conditionTrue(conds []corev1.NodeCondition, typ corev1.NodeConditionType) bool {
+	for _, c := range conds {
+		if c.Type == typ {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
 
 // sliRecorder keeps every latency by SLI.
@@ -853,4 +895,17 @@ func scaleTable(rows []scaleRow) string {
 			r.idleWritesPerNodeMin, dead, r.failover.Seconds(), r.restartRead.Seconds())
 	}
 	return s.String()
+}
+
+// podReady reports whether a pod is Running with its Ready condition true.
+func podReady(pod *corev1.Pod) bool {
+	if pod.Status.Phase != corev1.PodRunning {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
 }
