@@ -235,7 +235,8 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 	probeCtx, stopProbes := context.WithCancel(ctx)
 	probesDone := probe(probeCtx, t.clients, namespaces, lat)
 
-	// Saturation.
+	// Saturation, with the servers' CPU profiles of its first 90 s (with -bench.profile-dir).
+	waitProfiles := profileServers(b, t.clients, fmt.Sprintf("scale-%s-%d-saturation-cpu", t.system, nodes), 90*time.Second)
 	t0 := time.Now()
 	ops := plan.creates()
 	run(b, *scaleCreators, len(ops), func(w, i int) error {
@@ -248,6 +249,7 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 	watcher.waitRunning(b, want, 60*time.Minute)
 	saturation := time.Since(t0)
 	b.Logf("saturation: %d pods running on %d nodes %v after the first create (%d objects created)", want, nodes, saturation.Round(time.Second), len(ops))
+	waitProfiles()
 	heapProfiles(b, t.clients, fmt.Sprintf("scale-%s-%d", t.system, nodes))
 	// The lists at full size, through every server, beside the probe's periodic ones.
 	for i, c := range t.clients {
@@ -301,6 +303,9 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 	row.p99["pod-startup"] = percentile(startups, 99)
 	row.startupP50 = percentile(startups, 50)
 	b.Logf("pod startup: %d pods, p50 %.0f ms, p99 %.0f ms", len(startups), ms(row.startupP50), ms(row.p99["pod-startup"]))
+	toBound, boundToReady := watcher.startupParts()
+	b.Logf("pod startup in parts: first seen to bound p50 %.0f ms, p99 %.0f ms; bound to Running and Ready p50 %.0f ms, p99 %.0f ms",
+		ms(percentile(toBound, 50)), ms(percentile(toBound, 99)), ms(percentile(boundToReady, 50)), ms(percentile(boundToReady, 99)))
 
 	// The idle cluster's writes: the store's revision before and after the window, which starts once the
 	// controllers' last status updates of the churn are in. (Skiff's revision is its Raft index, which also
@@ -698,13 +703,17 @@ func scaleDeploymentObject(d *scaleDeployment) *appsv1.Deployment {
 type podWatcher struct {
 	mu        sync.Mutex
 	firstSeen map[string]time.Time
+	boundAt   map[string]time.Time // first seen with a node
 	started   map[string]time.Duration
-	running   map[string]bool // pods Running and Ready now
-	close     chan struct{}
+	// toBound and boundToReady split each startup: first seen to first seen bound, then to Running and Ready.
+	toBound, boundToReady []time.Duration
+	running               map[string]bool // pods Running and Ready now
+	close                 chan struct{}
 }
 
 func watchPods(b *testing.B, client kubernetes.Interface) *podWatcher {
-	w := &podWatcher{firstSeen: map[string]time.Time{}, started: map[string]time.Duration{}, running: map[string]bool{}, close: make(chan struct{})}
+	w := &podWatcher{firstSeen: map[string]time.Time{}, boundAt: map[string]time.Time{}, started: map[string]time.Duration{},
+		running: map[string]bool{}, close: make(chan struct{})}
 	factory := informers.NewSharedInformerFactory(client, 0)
 	observe := func(obj any) {
 		pod, ok := obj.(*corev1.Pod)
@@ -724,9 +733,14 @@ func watchPods(b *testing.B, client kubernetes.Interface) *podWatcher {
 		if _, ok := w.firstSeen[key]; !ok {
 			w.firstSeen[key] = now
 		}
+		if _, ok := w.boundAt[key]; !ok && pod.Spec.NodeName != "" {
+			w.boundAt[key] = now
+		}
 		if ready {
 			if _, ok := w.started[key]; !ok {
 				w.started[key] = now.Sub(w.firstSeen[key])
+				w.toBound = append(w.toBound, w.boundAt[key].Sub(w.firstSeen[key]))
+				w.boundToReady = append(w.boundToReady, now.Sub(w.boundAt[key]))
 			}
 		}
 		if ready && pod.DeletionTimestamp == nil {
@@ -776,6 +790,13 @@ func (w *podWatcher) startups() []time.Duration {
 		out = append(out, d)
 	}
 	return out
+}
+
+// startupParts returns each started pod's time from first seen to bound, and from bound to Running and Ready.
+func (w *podWatcher) startupParts() (toBound, boundToReady []time.Duration) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return slices.Clone(w.toBound), slices.Clone(w.boundToReady)
 }
 
 // storeRevision is the store's latest revision, from a consistent list's resourceVersion (Skiff's is the
