@@ -115,14 +115,18 @@ func (a *Agent) nodeNames() []string {
 // apiAccess is the node's identity (nodeAccess), or, for many simulated nodes, the kubeconfig's user: one
 // node identity may write only its own Node.
 func (a *Agent) apiAccess(ctx context.Context) (*apiAccess, error) {
-	if a.cfg.Simulated.Kubeconfig == "" || len(a.nodeNames()) <= 1 {
+	nodes := len(a.nodeNames())
+	if a.cfg.Simulated.Kubeconfig == "" || nodes <= 1 {
 		return nodeAccess(ctx, a.cfg, a.cfg.Name, a.serverAddrs, a.logger)
 	}
 	cfg, err := clientcmd.BuildConfigFromFlags("", a.cfg.Simulated.Kubeconfig)
 	if err != nil {
 		return nil, err
 	}
-	cfg.UserAgent, cfg.QPS, cfg.Burst = "skiff-agent/"+a.cfg.Name, 50, 100
+	// The client rate of the kubelets it stands in for, each of which has its own (50 a second, bursts of
+	// 100, the kubelet's defaults): at one node's rate, the status writes and events of all its nodes' pods
+	// queued behind each other here.
+	cfg.UserAgent, cfg.QPS, cfg.Burst = "skiff-agent/"+a.cfg.Name, float32(50*nodes), 100*nodes
 	caPEM := cfg.TLSClientConfig.CAData
 	if caPEM == nil && cfg.TLSClientConfig.CAFile != "" {
 		if caPEM, err = os.ReadFile(cfg.TLSClientConfig.CAFile); err != nil {
