@@ -114,8 +114,12 @@ spec:
 		fmt.Sscanf(lines[len(lines)-1], "node %s answers", &node)
 		return node
 	}
+	// Who answers is read from the agents' events, and client-go's recorder writes an agent's events one at a
+	// time, retrying a failed write after up to 10 s: on a loaded machine an announcement can show late
+	// (CI once waited over 30 s for one), hence the minute and a half.
+	const announceWait = 90 * time.Second
 	var first string
-	proctest.WaitFor(t, "an agent announcing "+ip, 30*time.Second, func() error {
+	proctest.WaitFor(t, "an agent announcing "+ip, announceWait, func() error {
 		if first = announcer(); first == "" {
 			return fmt.Errorf("no LoadBalancerAnnounced event yet")
 		}
@@ -124,7 +128,7 @@ spec:
 	// A node labelled node.kubernetes.io/exclude-from-external-load-balancers stops answering; the other takes
 	// the address, and gives it back when the label goes.
 	k.ok("label", "node", first, "node.kubernetes.io/exclude-from-external-load-balancers=true")
-	proctest.WaitFor(t, "the other agent to answer for "+ip+" once "+first+" is excluded", 30*time.Second, func() error {
+	proctest.WaitFor(t, "the other agent to answer for "+ip+" once "+first+" is excluded", announceWait, func() error {
 		if now := announcer(); now == first || now == "" {
 			return fmt.Errorf("still %s", now)
 		}
@@ -132,7 +136,7 @@ spec:
 	})
 	proctest.WaitFor(t, "web at "+ip+" while "+first+" is excluded", 30*time.Second, get)
 	k.ok("label", "node", first, "node.kubernetes.io/exclude-from-external-load-balancers-")
-	proctest.WaitFor(t, first+" to answer for "+ip+" again", 30*time.Second, func() error {
+	proctest.WaitFor(t, first+" to answer for "+ip+" again", announceWait, func() error {
 		if now := announcer(); now != first {
 			return fmt.Errorf("now %s", now)
 		}
