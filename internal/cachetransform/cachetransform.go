@@ -26,8 +26,9 @@ func StripManagedFields(obj any) (any, error) {
 // ForAPIServer is the transform of the API server's own informers (cache.TransformFunc): managed fields
 // dropped, and a pod's status too but for its resource claim statuses. Their readers, the Node authorizer's
 // graph, NodeRestriction and PodSecurity, read a pod's metadata and spec; the graph also reads the names of
-// the claims generated for it, which only its status holds (both kinds of claim status). The rest of the status (conditions, IPs, every
-// container's state) is a quarter of a pod, and each server keeps every pod of the cluster in this cache.
+// the claims generated for it, which only its status holds (both kinds of claim status). The rest of the
+// status (conditions, IPs, every container's state) is a quarter of a pod, and each server keeps every pod
+// of the cluster in this cache.
 func ForAPIServer(obj any) (any, error) {
 	obj, _ = StripManagedFields(obj)
 	inner := obj
