@@ -51,6 +51,7 @@ import (
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
 	"github.com/skiff-dev/skiff/internal/cachetransform"
 	"github.com/skiff-dev/skiff/internal/lbpool"
+	"github.com/skiff-dev/skiff/internal/memshare"
 )
 
 // KubernetesVersion is the API version Skiff serves: that of the k8s.io/apiserver library it is built on.
@@ -68,6 +69,10 @@ type Config struct {
 	// Transformers turn stored values into what the Raft store holds (encryption at rest, by resource);
 	// nil stores them as they are.
 	Transformers value.ResourceTransformers
+	// Shared holds the objects of the built-in resources' watch caches (memshare.Registry): the API server's
+	// own informers share their memory, as may the peer's others (the leader's controllers). Nil: a registry
+	// of the API server's own.
+	Shared *memshare.Registry
 	// JoinToken returns the token node agents join with; agents are refused while it returns "".
 	JoinToken func() string
 	// ServiceAccountKey returns the key service account tokens are signed with; while it fails, the
@@ -187,7 +192,12 @@ func New(c Config) (*Server, error) {
 	}
 	// Admission, the authorizers and flow control read these caches; none reads managed fields, which are a
 	// third of a stored pod, nor a pod's status but for its claims (cachetransform.ForAPIServer).
-	cfg.SharedInformerFactory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(cachetransform.ForAPIServer))
+	// Each object they keep shares its memory with the watch cache's copy.
+	if c.Shared == nil {
+		c.Shared = memshare.NewRegistry()
+	}
+	cfg.SharedInformerFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
+		informers.WithTransform(cachetransform.Then(cachetransform.ForAPIServer, cachetransform.SharedWith(c.Shared))))
 	// API Priority and Fairness, on by default as in kube-apiserver: each request is classified by the
 	// FlowSchemas (kinds_flowcontrol.go keeps the bootstrap ones), waits in its priority level's fair queues
 	// and is refused with 429 when they are full; exempt ones (system:masters, health checks) pass at once.
@@ -223,7 +233,7 @@ func New(c Config) (*Server, error) {
 			return nil, err
 		}
 	}
-	cfg.RESTOptionsGetter = &restOptionsGetter{backend: c.Backend, transformers: c.Transformers}
+	cfg.RESTOptionsGetter = &restOptionsGetter{backend: c.Backend, transformers: c.Transformers, shared: c.Shared}
 	if _, ok := c.Handlers["/metrics"]; ok {
 		// The server serves /metrics itself, from the same legacy registry; the library registers its
 		// request metrics (apiserver_request_total and the rest) only when it serves them, so they are

@@ -16,6 +16,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/skiff-dev/skiff/apiserver/raftstore"
+	"github.com/skiff-dev/skiff/internal/memshare"
 )
 
 // storagePrefix is where every object lives in the store: /registry/<resource>/<namespace>/<name>, the keys
@@ -53,6 +54,7 @@ type restOptionsGetter struct {
 	backend      raftstore.Backend
 	eventTTL     time.Duration              // zero: the kind's default
 	transformers value.ResourceTransformers // nil: values stored as they are
+	shared       *memshare.Registry         // the watch caches' objects, for the server's informers
 }
 
 func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, example runtime.Object) (generic.RESTOptions, error) {
@@ -80,7 +82,7 @@ func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, exampl
 	}
 	return generic.RESTOptions{
 		StorageConfig:           cfg,
-		Decorator:               raftstore.Decorator(g.backend),
+		Decorator:               raftstore.Decorator(g.backend, g.shared),
 		EnableGarbageCollection: true,
 		DeleteCollectionWorkers: 1,
 		ResourcePrefix:          resourcePrefix(resource),

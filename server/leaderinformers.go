@@ -53,8 +53,10 @@ func (s *Server) leaderInformers(ctx context.Context) (*termInformers, error) {
 	}
 	started := make(chan struct{})
 	ti := &termInformers{
-		// Managed fields are for apply; no controller and no scheduler plugin reads them.
-		factory:     informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(cachetransform.StripManagedFields)),
+		// Managed fields are for apply; no controller and no scheduler plugin reads them. The rest of each
+		// object shares its memory with this peer's watch cache's copy.
+		factory: informers.NewSharedInformerFactoryWithOptions(client, 0,
+			informers.WithTransform(cachetransform.Then(cachetransform.StripManagedFields, cachetransform.SharedWith(s.shared)))),
 		started:     started,
 		markStarted: sync.OnceFunc(func() { close(started) }),
 	}

@@ -30,6 +30,7 @@ import (
 	"github.com/skiff-dev/skiff/fsm"
 	"github.com/skiff-dev/skiff/gossip"
 	"github.com/skiff-dev/skiff/internal/join"
+	"github.com/skiff-dev/skiff/internal/memshare"
 	"github.com/skiff-dev/skiff/internal/podroutes"
 	"github.com/skiff-dev/skiff/internal/version"
 	"github.com/skiff-dev/skiff/raftnode"
@@ -55,6 +56,8 @@ type Server struct {
 	http       *http.Server
 	ln         net.Listener
 	reg        *prometheus.Registry
+	// shared holds the objects of this peer's watch caches, whose memory its informers share.
+	shared *memshare.Registry
 
 	// saKey is the parsed service account signing key, kept while the stored PEM is unchanged.
 	saKeyMu  sync.Mutex
@@ -92,7 +95,7 @@ func New(cfg *config.Server, logger hclog.Logger, opts Options) (*Server, error)
 			return nil, fmt.Errorf("creating the manifests folder: %w", err)
 		}
 	}
-	s := &Server{cfg: cfg, logger: logger, logTail: opts.LogTail, reg: prometheus.NewRegistry(), done: make(chan struct{}), rbacPolicyReady: make(chan struct{}),
+	s := &Server{cfg: cfg, logger: logger, logTail: opts.LogTail, reg: prometheus.NewRegistry(), shared: memshare.NewRegistry(), done: make(chan struct{}), rbacPolicyReady: make(chan struct{}),
 		pki: &raftPKI{dir: filepath.Join(cfg.DataDir, signingCADir)}}
 	var err error
 	if s.token, err = clusterToken(cfg); err != nil {
@@ -349,7 +352,7 @@ func (s *Server) serveAPI(ctx context.Context, certs *servingCerts) {
 	agentTransport := s.agentTransport(caPEM)
 	metrics := newMetricsScraper(&http.Client{Transport: agentTransport, Timeout: metricsScrapeTimeout}, s.nodeLister(ctx), nil, s.logger)
 	api, err := apiserver.New(apiserver.Config{
-		Backend: s.node, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM, ClientCAPEM: caPEM, AdminToken: token, JoinToken: s.joinToken, ServiceAccountKey: s.serviceAccountKey,
+		Backend: s.node, Shared: s.shared, Listener: ln, CertPEM: certPEM, KeyPEM: keyPEM, ClientCAPEM: caPEM, AdminToken: token, JoinToken: s.joinToken, ServiceAccountKey: s.serviceAccountKey,
 		Handlers: map[string]http.Handler{
 			"/v1/operator/": s.operatorRoutes(), "/metrics": s.metricsHandler(), join.CAPath: s.caForAgents(caPEM),
 			join.ServingCertPath: http.HandlerFunc(s.signAgentServingCert),

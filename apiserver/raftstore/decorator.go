@@ -12,19 +12,23 @@ import (
 	"k8s.io/apiserver/pkg/storage/storagebackend/factory"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/klog/v2"
+
+	"github.com/skiff-dev/skiff/internal/memshare"
 )
 
 // Decorator builds one resource's storage for the library's generic registry: the Raft store, encoding with
 // the codec the registry hands it (a typed scheme's for built-in kinds, apiextensions' per-version codec for
 // custom resources), with the library's watch cache on top, exactly as kube-apiserver puts the cacher on
-// etcd (registry.StorageWithCacher). Every server of the chain gets its storage from it.
-func Decorator(backend Backend) generic.StorageDecorator {
+// etcd (registry.StorageWithCacher). Every server of the chain gets its storage from it. shared, when not nil,
+// is where the watch caches' objects are held for the server's informers to share (memshare.Registry).
+func Decorator(backend Backend, shared *memshare.Registry) generic.StorageDecorator {
 	return func(config *storagebackend.ConfigForResource, prefix string,
 		keyFunc func(obj runtime.Object) (string, error), newFunc, newListFunc func() runtime.Object,
 		getAttrs storage.AttrFunc, triggers storage.IndexerFuncs, indexers *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
 		raw := New(Config{
 			Backend: backend, Codec: config.Codec, Prefix: config.Prefix, ResourcePrefix: prefix,
 			GroupResource: config.GroupResource, NewFunc: newFunc, NewListFunc: newListFunc, Transformer: config.Transformer,
+			Shared: shared,
 		})
 		cacher, err := cacherstorage.NewCacherFromConfig(cacherstorage.Config{
 			Storage: raw, Versioner: storage.APIObjectVersioner{}, GroupResource: config.GroupResource,

@@ -22,6 +22,7 @@ import (
 	"k8s.io/apiserver/pkg/storage/value/encrypt/identity"
 
 	"github.com/skiff-dev/skiff/fsm"
+	"github.com/skiff-dev/skiff/internal/memshare"
 	"github.com/skiff-dev/skiff/raftnode"
 )
 
@@ -44,6 +45,9 @@ type Config struct {
 	// Transformer turns values into what the store holds and back (encryption at rest); nil stores them as
 	// the codec writes them.
 	Transformer value.Transformer
+	// Shared holds the objects this resource's watch cache holds, for the server's informers to share their
+	// memory (memshare.Registry); nil keeps them in a registry of this store's own.
+	Shared *memshare.Registry
 }
 
 // Store is the storage.Interface of one resource.
@@ -57,6 +61,7 @@ type Store struct {
 	newFunc        func() runtime.Object
 	newListFunc    func() runtime.Object
 	transformer    atomic.Pointer[transformerHolder]
+	shared         *memshare.Registry
 
 	mu       sync.Mutex
 	watchers map[*watchChan]struct{}
@@ -73,7 +78,10 @@ func New(c Config) *Store {
 	s := &Store{
 		backend: c.Backend, codec: c.Codec, versioner: storage.APIObjectVersioner{},
 		pathPrefix: prefix, resourcePrefix: c.ResourcePrefix, groupResource: c.GroupResource,
-		newFunc: c.NewFunc, newListFunc: c.NewListFunc, watchers: map[*watchChan]struct{}{},
+		newFunc: c.NewFunc, newListFunc: c.NewListFunc, watchers: map[*watchChan]struct{}{}, shared: c.Shared,
+	}
+	if s.shared == nil {
+		s.shared = memshare.NewRegistry()
 	}
 	s.SetTransformer(c.Transformer)
 	return s

@@ -16,7 +16,6 @@ import (
 	utilflowcontrol "k8s.io/apiserver/pkg/util/flowcontrol"
 
 	"github.com/skiff-dev/skiff/fsm"
-	"github.com/skiff-dev/skiff/internal/memshare"
 )
 
 const resultBuffer = 100
@@ -33,11 +32,11 @@ type watchChan struct {
 	progressNotify bool
 	fw             *fsm.Watcher
 	result         chan watch.Event
-	// latest holds, by key, the object this watch sent last, when it watches a whole resource unfiltered
-	// (the watch cache's own watch): a new version decoded for the next event shares the memory of the
-	// parts it has in common with it (memshare), since the watch cache keeps both in its event window.
-	// The map holds only objects the watch cache holds too. Nil for other watches.
-	latest map[string]runtime.Object
+	// remembers says this watch is of a whole resource, unfiltered (the watch cache's own watch): it keeps
+	// each object it sends in the store's registry until it sends the next version (memshare.Registry).
+	// A new version then shares the memory of the parts it has in common with the one before, since the
+	// watch cache keeps both in its event window, and the server's informers share the cache's copy.
+	remembers bool
 }
 
 // Watch implements storage.Interface.
@@ -97,9 +96,7 @@ func (s *Store) Watch(ctx context.Context, key string, opts storage.ListOptions)
 		result: make(chan watch.Event, resultBuffer)}
 	if wc.pred.Empty() {
 		wc.pred = storage.Everything
-		if wc.recursive {
-			wc.latest = map[string]runtime.Object{}
-		}
+		wc.remembers = wc.recursive
 	}
 	wc.ctx, wc.cancel = context.WithCancel(ctx)
 	fw, err := st.Watch(key, fromRev)
@@ -165,6 +162,10 @@ func (wc *watchChan) run(initial []*fsm.KeyValue, fromRev int64, endBookmark boo
 		wc.s.mu.Unlock()
 		wc.fw.Close()
 		wc.cancel()
+		if wc.remembers {
+			// Once ended, this watch no longer learns of what it holds changing or going.
+			wc.s.shared.Release(wc)
+		}
 		close(wc.result)
 	}()
 	for _, kv := range initial {
@@ -173,7 +174,7 @@ func (wc *watchChan) run(initial []*fsm.KeyValue, fromRev int64, endBookmark boo
 			wc.sendError(err)
 			return
 		}
-		wc.remember(kv.Key, obj, false)
+		wc.remember(obj, false)
 		if wc.matches(obj) && !wc.send(watch.Event{Type: watch.Added, Object: obj}) {
 			return
 		}
@@ -220,19 +221,15 @@ func (wc *watchChan) decode(key string, stored []byte, rev int64) (runtime.Objec
 	return obj, nil
 }
 
-// remember shares obj's memory with the version of key this watch sent before, if it keeps one, and keeps
-// obj in its place; a deleted key is forgotten.
-func (wc *watchChan) remember(key string, obj runtime.Object, deleted bool) {
-	if wc.latest == nil {
-		return
-	}
-	if prev, ok := wc.latest[key]; ok {
-		memshare.With(obj, prev)
-	}
-	if deleted {
-		delete(wc.latest, key)
-	} else {
-		wc.latest[key] = obj
+// remember shares obj's memory with the version held before it, if this watch remembers, and holds obj in
+// its place; a deleted object is forgotten.
+func (wc *watchChan) remember(obj runtime.Object, deleted bool) {
+	switch {
+	case !wc.remembers:
+	case deleted:
+		wc.s.shared.Forget(obj)
+	default:
+		wc.s.shared.Remember(obj, wc)
 	}
 }
 
@@ -275,7 +272,7 @@ func (wc *watchChan) transform(ev fsm.Event) (*watch.Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		wc.remember(ev.KV.Key, old, true)
+		wc.remember(old, true)
 		if !wc.matches(old) {
 			return nil, nil
 		}
@@ -285,7 +282,7 @@ func (wc *watchChan) transform(ev fsm.Event) (*watch.Event, error) {
 		if err != nil {
 			return nil, err
 		}
-		wc.remember(ev.KV.Key, cur, false)
+		wc.remember(cur, false)
 		if !wc.matches(cur) {
 			return nil, nil
 		}
@@ -295,7 +292,7 @@ func (wc *watchChan) transform(ev fsm.Event) (*watch.Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	wc.remember(ev.KV.Key, cur, false)
+	wc.remember(cur, false)
 	if wc.pred.Empty() {
 		return &watch.Event{Type: watch.Modified, Object: cur}, nil
 	}

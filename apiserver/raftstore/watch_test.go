@@ -74,7 +74,56 @@ func TestWholeResourceWatchSharesUnchangedParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer one.Stop()
-	if one.(*watchChan).latest != nil {
+	if one.(*watchChan).remembers {
 		t.Fatal("a watch of one key keeps objects")
+	}
+}
+
+// TestWholeResourceWatchHoldsWhatItSent: the watch cache's watch holds in the store's registry the version
+// of each object it sent last, so that an informer's copy can share it; a deleted object goes, and so does
+// everything when the watch ends.
+func TestWholeResourceWatchHoldsWhatItSent(t *testing.T) {
+	ctx, s, _ := testSetup(t)
+	w, err := s.Watch(ctx, "/pods/", storage.ListOptions{ResourceVersion: "1", Recursive: true, Predicate: storage.Everything})
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() *example.Pod {
+		t.Helper()
+		select {
+		case ev := <-w.ResultChan():
+			return ev.Object.(*example.Pod)
+		case <-time.After(10 * time.Second):
+			t.Fatal("no event")
+		}
+		return nil
+	}
+	for _, name := range []string{"a", "b"} {
+		pod := &example.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns"}, Spec: example.PodSpec{NodeName: "n1"}}
+		if err := s.Create(ctx, "/pods/ns/"+name, pod, &example.Pod{}, 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent := next()
+	next()
+	// An informer's copy of a, decoded on its own, comes back as the very object the watch sent.
+	copyOfA := &example.Pod{ObjectMeta: *sent.ObjectMeta.DeepCopy(), Spec: example.PodSpec{NodeName: "n1"}}
+	if got := s.shared.Share(copyOfA); got != sent {
+		t.Fatalf("the registry does not hold what the watch sent: %p, sent %p", got, sent)
+	}
+	if err := s.Delete(ctx, "/pods/ns/a", &example.Pod{}, nil, storage.ValidateAllObjectFunc, nil, storage.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	next()
+	if n := s.shared.Len(); n != 1 {
+		t.Fatalf("after a's deletion the registry holds %d objects, want 1", n)
+	}
+	w.Stop()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.shared.Len() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("an ended watch still holds %d objects", s.shared.Len())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }

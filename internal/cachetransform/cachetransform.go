@@ -5,6 +5,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/skiff-dev/skiff/internal/memshare"
 )
 
 // StripManagedFields drops an object's managed fields before an informer stores it (cache.TransformFunc).
@@ -40,4 +42,30 @@ func ForAPIServer(obj any) (any, error) {
 			ExtendedResourceClaimStatus: pod.Status.ExtendedResourceClaimStatus}
 	}
 	return obj, nil
+}
+
+// SharedWith is the transform that makes what an informer on a server stores share the memory of the
+// server's watch cache's copy (memshare.Registry.Share): the informer reads the server's own API over
+// loopback, so it decodes each object afresh. It must come last: the objects it returns are read-only. A
+// tombstone stays as it is: its object is on its way out of the cache.
+func SharedWith(r *memshare.Registry) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		if _, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+			return obj, nil
+		}
+		return r.Share(obj), nil
+	}
+}
+
+// Then is the transform that applies each of fs in turn.
+func Then(fs ...cache.TransformFunc) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		var err error
+		for _, f := range fs {
+			if obj, err = f(obj); err != nil {
+				return nil, err
+			}
+		}
+		return obj, nil
+	}
 }

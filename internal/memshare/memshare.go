@@ -8,6 +8,9 @@
 // unchanged parts at the old version's leaves it owning only what changed. The objects are read-only once
 // they reach the cache (the apiserver library's cacher hands them out shallow-copied), so two versions may
 // share parts as the cacher's own list copies already share theirs with the store.
+//
+// The same holds across copies: a Registry holds the watch cache's current version of each object, and a
+// server's informers, which decode their own copy from the server's API, share it.
 package memshare
 
 import (

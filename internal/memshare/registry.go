@@ -1,0 +1,137 @@
+package memshare
+
+import (
+	"reflect"
+	"sync"
+
+	"k8s.io/apimachinery/pkg/api/meta"
+)
+
+// Registry holds the version of each object that a server's watch caches hold now, by type, namespace and
+// name, so that other copies of it decoded in the same process share its memory.
+//
+// Why: a server keeps a pod once in its watch cache and again in the informers of its own API server
+// (admission, the authorizers) and, on the leader, of its controllers and scheduler. Those informers read
+// the server's own API over loopback, so each decodes every object afresh: three or four decoded copies of
+// every pod of the cluster in one process. A copy whose values equal the cache's shares them instead
+// (With), and a copy equal throughout is the cache's object itself.
+//
+// The watch that feeds a watch cache remembers each object it sends and forgets deleted ones; an informer's
+// transform shares what it decoded. Objects in the registry are read-only, as the watch cache's already are.
+// Safe for concurrent use.
+type Registry struct {
+	mu     sync.RWMutex
+	byType map[reflect.Type]map[string]held
+}
+
+// held is one remembered object and the watch that remembered it.
+type held struct {
+	obj   any
+	owner any
+}
+
+// NewRegistry returns an empty registry.
+func NewRegistry() *Registry {
+	return &Registry{byType: map[reflect.Type]map[string]held{}}
+}
+
+// key is obj's type and "namespace/name", as an informer keys it; ok is false for what has no object
+// metadata.
+func key(obj any) (reflect.Type, string, bool) {
+	m, err := meta.Accessor(obj)
+	if err != nil || obj == nil {
+		return nil, "", false
+	}
+	if ns := m.GetNamespace(); ns != "" {
+		return reflect.TypeOf(obj), ns + "/" + m.GetName(), true
+	}
+	return reflect.TypeOf(obj), m.GetName(), true
+}
+
+func (r *Registry) get(t reflect.Type, k string) (held, bool) {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	h, ok := r.byType[t][k]
+	return h, ok
+}
+
+// Remember makes obj, a new version its owner (a watch) is about to hand on, share memory with the version
+// held before it, and holds obj in its place.
+func (r *Registry) Remember(obj, owner any) {
+	t, k, ok := key(obj)
+	if !ok {
+		return
+	}
+	if prev, ok := r.get(t, k); ok {
+		With(obj, prev.obj)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	byKey := r.byType[t]
+	if byKey == nil {
+		byKey = map[string]held{}
+		r.byType[t] = byKey
+	}
+	byKey[k] = held{obj: obj, owner: owner}
+}
+
+// Forget drops the object held under obj's type and name (it was deleted), after obj shares memory with it.
+func (r *Registry) Forget(obj any) {
+	t, k, ok := key(obj)
+	if !ok {
+		return
+	}
+	if prev, ok := r.get(t, k); ok {
+		With(obj, prev.obj)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.byType[t], k)
+}
+
+// Release drops every object owner remembered and no other owner remembered since: a watch that ended no
+// longer learns of their changes or deletion.
+func (r *Registry) Release(owner any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, byKey := range r.byType {
+		for k, h := range byKey {
+			if h.owner == owner {
+				delete(byKey, k)
+			}
+		}
+	}
+}
+
+// Share returns obj, sharing the memory of the version held under its type and name wherever their values
+// are equal; or the held object itself when they are equal throughout. obj must not be changed afterwards.
+// It suits an informer's transform (cache.TransformFunc) on a server, run after any transform that changes
+// the object.
+func (r *Registry) Share(obj any) any {
+	if r == nil {
+		return obj
+	}
+	t, k, ok := key(obj)
+	if !ok {
+		return obj
+	}
+	prev, ok := r.get(t, k)
+	if !ok {
+		return obj
+	}
+	if With(obj, prev.obj) {
+		return prev.obj
+	}
+	return obj
+}
+
+// Len is how many objects the registry holds.
+func (r *Registry) Len() int {
+	r.mu.RLock()
+	defer r.mu.RUnlock()
+	n := 0
+	for _, byKey := range r.byType {
+		n += len(byKey)
+	}
+	return n
+}

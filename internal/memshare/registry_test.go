@@ -1,0 +1,94 @@
+package memshare
+
+import (
+	"sync"
+	"testing"
+	"unsafe"
+)
+
+// TestRegistryShare: an informer's copy of a held object comes back as the held object when equal
+// throughout, and otherwise keeps its own values while pointing its equal parts at the held one's.
+func TestRegistryShare(t *testing.T) {
+	r := NewRegistry()
+	watch := new(int)
+	held := testPod(1)
+	r.Remember(held, watch)
+
+	if got := r.Share(testPod(1)); got != held {
+		t.Fatalf("an equal copy came back as %p, not the held %p", got, held)
+	}
+	newer := testPod(1)
+	newer.Spec.NodeName = "node-9"
+	if got := r.Share(newer); got != newer {
+		t.Fatal("a copy that differs came back as another object")
+	}
+	if newer.Spec.NodeName != "node-9" {
+		t.Fatalf("the copy's own value changed: %q", newer.Spec.NodeName)
+	}
+	if unsafe.StringData(newer.Spec.Containers[0].Image) != unsafe.StringData(held.Spec.Containers[0].Image) {
+		t.Error("the copy does not share its equal parts with the held object")
+	}
+	other := testPod(2)
+	if got := r.Share(other); got != other || unsafe.StringData(other.Name) == unsafe.StringData(held.Name) {
+		t.Error("an object of another name was shared")
+	}
+	if r.Share(nil) != nil || r.Share("not an object") != "not an object" {
+		t.Error("what has no object metadata did not come back as it was")
+	}
+	var none *Registry
+	if p := testPod(1); none.Share(p) != p {
+		t.Error("a nil registry changed an object")
+	}
+}
+
+// TestRegistryRememberForgetRelease: a new version shares memory with the one held before it and takes its
+// place; a deleted object goes; an ended watch's objects go, but for those another watch remembered since.
+func TestRegistryRememberForgetRelease(t *testing.T) {
+	r := NewRegistry()
+	first, second := new(int), new(int)
+	v1 := testPod(1)
+	r.Remember(v1, first)
+	v2 := testPod(1)
+	v2.Spec.NodeName = "node-1"
+	r.Remember(v2, first)
+	if unsafe.StringData(v2.Spec.Containers[0].Image) != unsafe.StringData(v1.Spec.Containers[0].Image) {
+		t.Error("a new version does not share its unchanged parts with the one before")
+	}
+	if got := r.Share(testPod(1)); got == v2 || got == v1 {
+		t.Error("an old version's copy came back as a held object")
+	}
+	r.Remember(testPod(2), first)
+	r.Remember(testPod(3), first)
+	held3 := testPod(3)
+	r.Remember(held3, second)
+	r.Forget(testPod(2))
+	if r.Len() != 2 {
+		t.Fatalf("after a deletion the registry holds %d, want 2", r.Len())
+	}
+	r.Release(first)
+	if r.Len() != 1 {
+		t.Fatalf("after the first watch ended the registry holds %d, want 1 (the second watch's)", r.Len())
+	}
+	if r.Share(testPod(3)) != held3 {
+		t.Fatal("the second watch's object is gone")
+	}
+}
+
+// TestRegistryConcurrent is for the race detector: a watch remembers while informers share.
+func TestRegistryConcurrent(t *testing.T) {
+	r := NewRegistry()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 200 {
+			r.Remember(testPod(i%10), r)
+		}
+	})
+	for range 2 {
+		wg.Go(func() {
+			for i := range 200 {
+				r.Share(testPod(i % 10))
+			}
+		})
+	}
+	wg.Wait()
+}
