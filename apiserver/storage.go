@@ -82,7 +82,7 @@ func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, exampl
 	}
 	return generic.RESTOptions{
 		StorageConfig:           cfg,
-		Decorator:               raftstore.Decorator(g.backend, g.shared),
+		Decorator:               raftstore.Decorator(g.backend, raftstore.CacheOptions{Shared: g.shared}),
 		EnableGarbageCollection: true,
 		DeleteCollectionWorkers: 1,
 		ResourcePrefix:          resourcePrefix(resource),

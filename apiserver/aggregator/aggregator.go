@@ -211,7 +211,7 @@ func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, _ runt
 	}
 	return generic.RESTOptions{
 		StorageConfig:           cfg,
-		Decorator:               raftstore.Decorator(g.backend, nil),
+		Decorator:               raftstore.Decorator(g.backend, raftstore.CacheOptions{}),
 		EnableGarbageCollection: true,
 		DeleteCollectionWorkers: 1,
 		ResourcePrefix:          "/" + resource.Group + "/" + resource.Resource,

@@ -12,6 +12,7 @@ package extensions
 
 import (
 	"fmt"
+	"time"
 
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apiextensionsapiserver "k8s.io/apiextensions-apiserver/pkg/apiserver"
@@ -53,7 +54,8 @@ func New(c Config, delegate genericapiserver.DelegationTarget) (*apiextensionsap
 	cfg := &apiextensionsapiserver.Config{
 		GenericConfig: &generic,
 		ExtraConfig: apiextensionsapiserver.ExtraConfig{
-			CRDRESTOptionsGetter: &restOptionsGetter{backend: c.Backend, transformers: c.Transformers, codec: unstructured.UnstructuredJSONScheme},
+			CRDRESTOptionsGetter: &restOptionsGetter{backend: c.Backend, transformers: c.Transformers, codec: unstructured.UnstructuredJSONScheme,
+				cacheWait: customResourceCacheWait},
 			// One: a CRD is Established as soon as its names are accepted. With more, the library holds every
 			// new CRD 5 s so that all servers have seen it before clients use it; Skiff's servers see a CRD
 			// from the Raft log within milliseconds of each other (docs/extensions.md).
@@ -102,7 +104,12 @@ type restOptionsGetter struct {
 	backend      raftstore.Backend
 	transformers value.ResourceTransformers
 	codec        runtime.Codec
+	cacheWait    time.Duration // raftstore.CacheOptions.WaitReady
 }
+
+// customResourceCacheWait is how long a server's first request for a custom resource waits for the resource's
+// watch cache (raftstore.CacheOptions.WaitReady).
+const customResourceCacheWait = 5 * time.Second
 
 func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, _ runtime.Object) (generic.RESTOptions, error) {
 	cfg := &storagebackend.ConfigForResource{
@@ -114,7 +121,7 @@ func (g *restOptionsGetter) GetRESTOptions(resource schema.GroupResource, _ runt
 	}
 	return generic.RESTOptions{
 		StorageConfig:           cfg,
-		Decorator:               raftstore.Decorator(g.backend, nil),
+		Decorator:               raftstore.Decorator(g.backend, raftstore.CacheOptions{WaitReady: g.cacheWait}),
 		EnableGarbageCollection: true,
 		DeleteCollectionWorkers: 1,
 		ResourcePrefix:          "/" + resource.Group + "/" + resource.Resource,

@@ -19,16 +19,15 @@ import (
 // Decorator builds one resource's storage for the library's generic registry: the Raft store, encoding with
 // the codec the registry hands it (a typed scheme's for built-in kinds, apiextensions' per-version codec for
 // custom resources), with the library's watch cache on top, exactly as kube-apiserver puts the cacher on
-// etcd (registry.StorageWithCacher). Every server of the chain gets its storage from it. shared, when not nil,
-// is where the watch caches' objects are held for the server's informers to share (memshare.Registry).
-func Decorator(backend Backend, shared *memshare.Registry) generic.StorageDecorator {
+// etcd (registry.StorageWithCacher). Every server of the chain gets its storage from it.
+func Decorator(backend Backend, opts CacheOptions) generic.StorageDecorator {
 	return func(config *storagebackend.ConfigForResource, prefix string,
 		keyFunc func(obj runtime.Object) (string, error), newFunc, newListFunc func() runtime.Object,
 		getAttrs storage.AttrFunc, triggers storage.IndexerFuncs, indexers *cache.Indexers) (storage.Interface, factory.DestroyFunc, error) {
 		raw := New(Config{
 			Backend: backend, Codec: config.Codec, Prefix: config.Prefix, ResourcePrefix: prefix,
 			GroupResource: config.GroupResource, NewFunc: newFunc, NewListFunc: newListFunc, Transformer: config.Transformer,
-			Shared: shared,
+			Shared: opts.Shared,
 		})
 		cacher, err := cacherstorage.NewCacherFromConfig(cacherstorage.Config{
 			Storage: raw, Versioner: storage.APIObjectVersioner{}, GroupResource: config.GroupResource,
@@ -40,6 +39,7 @@ func Decorator(backend Backend, shared *memshare.Registry) generic.StorageDecora
 			return nil, func() {}, err
 		}
 		delegator := cacherstorage.NewCacheDelegator(cacher, raw)
+		waitReady(cacher, opts.WaitReady)
 		var once sync.Once
 		return delegator, func() {
 			once.Do(func() {
@@ -60,6 +60,27 @@ func Decorator(backend Backend, shared *memshare.Registry) generic.StorageDecora
 				}
 			})
 		}, nil
+	}
+}
+
+// CacheOptions are how Decorator builds a resource's watch cache.
+type CacheOptions struct {
+	// Shared, when not nil, holds the watch cache's objects for the server's informers to share
+	// (memshare.Registry).
+	Shared *memshare.Registry
+	// WaitReady is how long building the storage waits for the watch cache's first list, for a storage built
+	// on a request's way (a custom resource's, on a server's first request for it). Until its cache is ready,
+	// a list without a limit is refused with 429 "storage is (re)initializing", and in-process callers do not
+	// retry: apiextensions' CRD finalizer, listing the instances to delete, gave up on the first refusal, then
+	// lost a write conflict with another server's finalizer and waited for its informer's resync (5 minutes)
+	// with the CRD stuck in deletion.
+	WaitReady time.Duration
+}
+
+// waitReady waits up to d for cacher's first list.
+func waitReady(cacher *cacherstorage.Cacher, d time.Duration) {
+	for deadline := time.Now().Add(d); !cacher.Ready() && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 
