@@ -190,14 +190,14 @@ func New(c Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Admission, the authorizers and flow control read these caches; none reads managed fields, which are a
-	// third of a stored pod, nor a pod's status but for its claims (cachetransform.ForAPIServer).
-	// Each object they keep shares its memory with the watch cache's copy.
+	// Admission, the authorizers and flow control read these caches. What they keep is the watch cache's own
+	// copy of each object (or shares its memory, when the cache has moved on), not a second one: whole
+	// objects then cost nothing, where a stripped copy would cost its own top-level struct.
 	if c.Shared == nil {
 		c.Shared = memshare.NewRegistry()
 	}
 	cfg.SharedInformerFactory = informers.NewSharedInformerFactoryWithOptions(client, 0,
-		informers.WithTransform(cachetransform.Then(cachetransform.ForAPIServer, cachetransform.SharedWith(c.Shared))))
+		informers.WithTransform(cachetransform.SharedWith(c.Shared)))
 	// API Priority and Fairness, on by default as in kube-apiserver: each request is classified by the
 	// FlowSchemas (kinds_flowcontrol.go keeps the bootstrap ones), waits in its priority level's fair queues
 	// and is refused with 429 when they are full; exempt ones (system:masters, health checks) pass at once.

@@ -53,10 +53,9 @@ func (s *Server) leaderInformers(ctx context.Context) (*termInformers, error) {
 	}
 	started := make(chan struct{})
 	ti := &termInformers{
-		// Managed fields are for apply; no controller and no scheduler plugin reads them. The rest of each
-		// object shares its memory with this peer's watch cache's copy.
-		factory: informers.NewSharedInformerFactoryWithOptions(client, 0,
-			informers.WithTransform(cachetransform.Then(cachetransform.StripManagedFields, cachetransform.SharedWith(s.shared)))),
+		// The objects kept are this peer's watch cache's copies (cachetransform.SharedWith): whole, they cost
+		// nothing more, where stripping the managed fields would make each a copy of its own.
+		factory:     informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(cachetransform.SharedWith(s.shared))),
 		started:     started,
 		markStarted: sync.OnceFunc(func() { close(started) }),
 	}

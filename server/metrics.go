@@ -430,8 +430,7 @@ func (s *Server) nodeLister(ctx context.Context) func() ([]*corev1.Node, error) 
 		if err != nil {
 			return
 		}
-		factory := informers.NewSharedInformerFactoryWithOptions(client, 0,
-			informers.WithTransform(cachetransform.Then(cachetransform.StripManagedFields, cachetransform.SharedWith(s.shared))))
+		factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(cachetransform.SharedWith(s.shared)))
 		nodes := factory.Core().V1().Nodes()
 		l := nodes.Lister()
 		factory.Start(ctx.Done())

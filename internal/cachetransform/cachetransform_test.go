@@ -6,6 +6,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/skiff-dev/skiff/internal/memshare"
 )
 
 func TestStripManagedFields(t *testing.T) {
@@ -37,28 +39,19 @@ func TestStripManagedFields(t *testing.T) {
 	}
 }
 
-func TestForAPIServerKeepsSpecAndClaims(t *testing.T) {
-	claim := "pod-gpu-x7k2"
-	pod := &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: "p", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubectl"}}},
-		Spec:       corev1.PodSpec{NodeName: "n1", ServiceAccountName: "sa"},
-		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "10.0.0.1",
-			ResourceClaimStatuses: []corev1.PodResourceClaimStatus{{Name: "gpu", ResourceClaimName: &claim}}},
+// TestSharedWith: an informer's copy equal to the watch cache's comes back as the cache's object; a
+// tombstone comes back as it is.
+func TestSharedWith(t *testing.T) {
+	reg := memshare.NewRegistry()
+	held := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", ResourceVersion: "7"}, Spec: corev1.PodSpec{NodeName: "n1"}}
+	reg.Remember(held, t)
+	share := SharedWith(reg)
+	out, err := share(held.DeepCopy())
+	if err != nil || out != held {
+		t.Fatalf("an equal copy came back as %p (%v), not the cache's %p", out, err, held)
 	}
-	out, err := ForAPIServer(cache.DeletedFinalStateUnknown{Key: "ns/p", Obj: pod})
-	if err != nil {
-		t.Fatal(err)
-	}
-	got := out.(cache.DeletedFinalStateUnknown).Obj.(*corev1.Pod)
-	if got.ManagedFields != nil || got.Status.Phase != "" || got.Status.PodIP != "" {
-		t.Errorf("managed fields or status kept: %+v %+v", got.ManagedFields, got.Status)
-	}
-	if got.Spec.NodeName != "n1" || got.Spec.ServiceAccountName != "sa" || len(got.Status.ResourceClaimStatuses) != 1 ||
-		*got.Status.ResourceClaimStatuses[0].ResourceClaimName != claim {
-		t.Errorf("spec or claim statuses lost: %+v %+v", got.Spec, got.Status)
-	}
-	node := &corev1.Node{Status: corev1.NodeStatus{Phase: corev1.NodeRunning}}
-	if out, _ := ForAPIServer(node); out.(*corev1.Node).Status.Phase != corev1.NodeRunning {
-		t.Error("a node's status was dropped")
+	tomb := cache.DeletedFinalStateUnknown{Key: "ns/p", Obj: held.DeepCopy()}
+	if out, _ := share(tomb); out.(cache.DeletedFinalStateUnknown).Obj == held {
+		t.Error("a tombstone's object was replaced")
 	}
 }
