@@ -2,9 +2,13 @@ package memshare
 
 import (
 	"reflect"
+	"slices"
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/scheme"
 )
 
 // Registry holds the version of each object that a server's watch caches hold now, by type, namespace and
@@ -104,7 +108,9 @@ func (r *Registry) Release(owner any) {
 }
 
 // Share returns obj, sharing the memory of the version held under its type and name wherever their values
-// are equal; or the held object itself when they are equal throughout. obj must not be changed afterwards.
+// are equal; or the held object itself when they are equal throughout but for the kind that the held one
+// carries (apiVersion and kind, set as the watch cache decoded it) and obj does not, as a typed client
+// decodes it. obj must not be changed afterwards.
 // It suits an informer's transform (cache.TransformFunc) on a server, run after any transform that changes
 // the object.
 func (r *Registry) Share(obj any) any {
@@ -119,10 +125,33 @@ func (r *Registry) Share(obj any) any {
 	if !ok {
 		return obj
 	}
+	// The watch cache's objects carry their kind (the storage codec sets it as it decodes); what a typed
+	// client decodes does not. The two are the same object all the same.
+	restore := adoptKind(obj, prev.obj)
 	if With(obj, prev.obj) {
 		return prev.obj
 	}
+	restore()
 	return obj
+}
+
+// adoptKind gives obj the kind prev carries when obj carries none and that kind is obj's type's in the
+// client's scheme, and returns what undoes it.
+func adoptKind(obj, prev any) (restore func()) {
+	o, ok1 := obj.(runtime.Object)
+	p, ok2 := prev.(runtime.Object)
+	if !ok1 || !ok2 {
+		return func() {}
+	}
+	gvk := p.GetObjectKind().GroupVersionKind()
+	if gvk.Empty() || !o.GetObjectKind().GroupVersionKind().Empty() {
+		return func() {}
+	}
+	if kinds, _, err := scheme.Scheme.ObjectKinds(o); err != nil || !slices.Contains(kinds, gvk) {
+		return func() {}
+	}
+	o.GetObjectKind().SetGroupVersionKind(gvk)
+	return func() { o.GetObjectKind().SetGroupVersionKind(schema.GroupVersionKind{}) }
 }
 
 // Len is how many objects the registry holds.

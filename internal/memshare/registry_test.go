@@ -92,3 +92,28 @@ func TestRegistryConcurrent(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestRegistryShareAdoptsTheCachesKind: the watch cache's object carries its kind and a typed client's copy
+// does not; the copy is the cache's object all the same. A copy that differs keeps its own, empty, kind, and
+// a kind that is not the copy's type's is not taken.
+func TestRegistryShareAdoptsTheCachesKind(t *testing.T) {
+	r := NewRegistry()
+	held := testPod(1)
+	held.APIVersion, held.Kind = "v1", "Pod"
+	r.Remember(held, r)
+	if got := r.Share(testPod(1)); got != held {
+		t.Fatal("a typed client's copy without its kind did not come back as the cache's object")
+	}
+	differs := testPod(1)
+	differs.Spec.NodeName = "node-9"
+	if got := r.Share(differs); got != differs || differs.Kind != "" || differs.APIVersion != "" {
+		t.Fatalf("a copy that differs came back as %p with kind %q %q", got, differs.APIVersion, differs.Kind)
+	}
+
+	wrong := testPod(2)
+	wrong.APIVersion, wrong.Kind = "v1", "Node"
+	r.Remember(wrong, r)
+	if got := r.Share(testPod(2)); got == wrong {
+		t.Error("a copy took a kind that is not its type's")
+	}
+}
