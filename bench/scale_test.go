@@ -25,6 +25,7 @@ import (
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/skiff-dev/skiff/internal/freeport"
 	"github.com/skiff-dev/skiff/internal/proctest"
@@ -71,7 +72,9 @@ var scaleSLOs = []struct {
 //   - dead nodes: the process that runs a group of nodes (a Skiff simulated agent, one gossip member; a kwok
 //     process) killed with SIGKILL, and the time until each of its nodes is Ready=Unknown, as a watch sees it;
 //   - a leader killed with SIGKILL: the time until a write through a survivor succeeds, and until the
-//     restarted server serves a consistent list again.
+//     restarted server serves a consistent list again;
+//   - a new server joining at full size (Skiff; a fourth peer): the time from its start until it serves a
+//     consistent list, having caught up with the store (by snapshot, as Raft sends a peer that far behind).
 //
 // Run with -benchtime=1x; `make bench-scale` runs the steps of the issue, `make bench` a small one.
 func BenchmarkScale(b *testing.B) {
@@ -116,6 +119,9 @@ type scaleTarget struct {
 	// of its nodes and what starts it again.
 	killNodeHost func(i int) (nodes []string, restart func())
 	nodeHosts    int
+	// joinServer starts one more server, which joins the others, and returns its admin kubeconfig's path;
+	// nil where the system has no such step here.
+	joinServer func() (kubeconfig string)
 }
 
 // startSkiffScale starts three servers and ceil(nodes/-scale.nodes-per-member) simulated agents, and waits
@@ -161,6 +167,11 @@ func startSkiffScale(b *testing.B, nodes int) *scaleTarget {
 			}
 			b.Fatalf("leader %q is none of the servers", name)
 			return 0, 0, nil
+		},
+		joinServer: func() string {
+			p := c.Add()
+			c.Start(p)
+			return p.Kubeconfig()
 		},
 		// The last members first: the first hold the DaemonSet's and Deployments' pods as evenly as the rest.
 		nodeHosts: members - 1,
@@ -215,6 +226,7 @@ type scaleRow struct {
 	deadHosts, deadNodes  int
 	deadP50, deadP99      time.Duration
 	failover, restartRead time.Duration
+	joinRead              time.Duration // 0: not measured
 }
 
 // scaleStep runs the workload on t and measures it.
@@ -348,6 +360,11 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 	row.restartRead = time.Since(t0)
 	b.Logf("leader killed: writes through a survivor %v later; the restarted server served a consistent list %v after its start",
 		row.failover.Round(time.Millisecond), row.restartRead.Round(time.Millisecond))
+
+	if t.joinServer != nil {
+		row.joinRead = consistentListAfterJoin(b, t.joinServer())
+		b.Logf("a new server served a consistent list of the %d pods %v after its start", row.pods, row.joinRead.Round(time.Millisecond))
+	}
 
 	b.ReportMetric(float64(row.pods), "pods")
 	b.ReportMetric(ms(row.p99["mutating"]), "mutating-p99-ms")
@@ -884,11 +901,32 @@ func peakRSS(b *testing.B, pid int) int64 {
 	return 0
 }
 
+// consistentListAfterJoin waits until the server whose admin kubeconfig is at path (it writes it once it
+// has joined) serves a consistent list of namespaces, and returns how long that took.
+func consistentListAfterJoin(b *testing.B, kubeconfig string) time.Duration {
+	t0 := time.Now()
+	var client kubernetes.Interface
+	waitUntil(b, "a new server's consistent list", 10*time.Minute, func() (bool, string) {
+		if client == nil {
+			cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+			if err != nil {
+				return false, err.Error()
+			}
+			client = kubernetes.NewForConfigOrDie(cfg)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := client.CoreV1().Namespaces().List(ctx, metav1.ListOptions{})
+		return err == nil, fmt.Sprint(err)
+	})
+	return time.Since(t0)
+}
+
 // scaleTable is the rows as a Markdown table: the SLIs' p99 with whether each SLO held, and the costs.
 func scaleTable(rows []scaleRow) string {
 	var s strings.Builder
-	s.WriteString("| system | nodes | pods running | mutating p99 | get p99 | list (ns) p99 | list (cluster) p99 | pod startup p50 / p99 | SLOs | saturation / churn | CPU s | peak RSS per server (machine) / all | idle writes per node per min | dead node → Unknown p50 / p99 | failover | restarted server reads |\n")
-	s.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	s.WriteString("| system | nodes | pods running | mutating p99 | get p99 | list (ns) p99 | list (cluster) p99 | pod startup p50 / p99 | SLOs | saturation / churn | CPU s | peak RSS per server (machine) / all | idle writes per node per min | dead node → Unknown p50 / p99 | failover | restarted server reads | new server reads |\n")
+	s.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		var missed []string
 		for _, slo := range scaleSLOs {
@@ -910,10 +948,14 @@ func scaleTable(rows []scaleRow) string {
 		if r.deadNodes > 0 {
 			dead = fmt.Sprintf("%.2f / %.2f s (%d nodes of %d hosts)", r.deadP50.Seconds(), r.deadP99.Seconds(), r.deadNodes, r.deadHosts)
 		}
-		fmt.Fprintf(&s, "| %s | %d | %d | %s | %s | %s | %s | %.0f / %.0f ms | %s | %.0f / %.0f s | %.0f | %.2f / %.2f GiB | %.2f | %s | %.2f s | %.1f s |\n",
+		join := "-"
+		if r.joinRead > 0 {
+			join = fmt.Sprintf("%.1f s", r.joinRead.Seconds())
+		}
+		fmt.Fprintf(&s, "| %s | %d | %d | %s | %s | %s | %s | %.0f / %.0f ms | %s | %.0f / %.0f s | %.0f | %.2f / %.2f GiB | %.2f | %s | %.2f s | %.1f s | %s |\n",
 			r.system, r.nodes, r.pods, d("mutating"), d("get"), d("list-namespace"), d("list-cluster"), ms(r.startupP50), ms(r.p99["pod-startup"]),
 			slos, r.saturation.Seconds(), r.churn.Seconds(), r.cpuSeconds, float64(r.peakRSS)/(1<<30), float64(r.peakRSSTotal)/(1<<30),
-			r.idleWritesPerNodeMin, dead, r.failover.Seconds(), r.restartRead.Seconds())
+			r.idleWritesPerNodeMin, dead, r.failover.Seconds(), r.restartRead.Seconds(), join)
 	}
 	return s.String()
 }
