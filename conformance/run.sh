@@ -135,6 +135,10 @@ cleanup() {
 }
 trap cleanup EXIT
 log "starting skiff local: 3 servers, 2 agents"
+# client-go's cache mutation detector in every server and agent: an informer's objects are shared with the
+# server's watch cache (memshare.Registry), so a controller that changed one would change what the API
+# serves. A changed object panics its process with "cache ... modified"; the end of the run looks for it.
+export KUBE_CACHE_MUTATION_DETECTOR=${KUBE_CACHE_MUTATION_DETECTOR:-true}
 "$root/bin/skiff" local up --servers 3 --agents 2 --dir "$cluster" --images "$dir/images" >/dev/null
 export KUBECONFIG=$cluster/kubeconfig
 for _ in $(seq 120); do
@@ -199,3 +203,7 @@ for r in "$results"/parallel/junit_01.xml "$results"/serial/junit_01.xml; do
 	[ -f "$r" ] && reports+=("$r")
 done
 "$bin/report" -out "$results/junit_01.xml" "${reports[@]}" | tee "$results/summary.txt"
+if grep -l 'ALTERED!' "$cluster"/*.log >/dev/null 2>&1; then
+	log "an informer's cached object was changed (client-go's cache mutation detector): $(grep -l 'ALTERED!' "$cluster"/*.log | xargs)"
+	exit 1
+fi
