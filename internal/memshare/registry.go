@@ -6,8 +6,10 @@ import (
 	"sync"
 
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/scheme"
 )
 
@@ -26,6 +28,11 @@ import (
 type Registry struct {
 	mu     sync.RWMutex
 	byType map[reflect.Type]map[string]held
+	// siblings holds, by type and controller, the object of that controller remembered last when it was new:
+	// a new object shares the memory of what it has in common with its sibling. The pods of a ReplicaSet,
+	// a Job or a DaemonSet are copies of one template: spec, labels, owner and the controller's managed
+	// fields (a third of a decoded pod) are equal in all of them.
+	siblings map[reflect.Type]map[types.UID]any
 }
 
 // held is one remembered object and the watch that remembered it.
@@ -36,7 +43,7 @@ type held struct {
 
 // NewRegistry returns an empty registry.
 func NewRegistry() *Registry {
-	return &Registry{byType: map[reflect.Type]map[string]held{}}
+	return &Registry{byType: map[reflect.Type]map[string]held{}, siblings: map[reflect.Type]map[types.UID]any{}}
 }
 
 // key is obj's type and "namespace/name", as an informer keys it; ok is false for what has no object
@@ -52,6 +59,18 @@ func key(obj any) (reflect.Type, string, bool) {
 	return reflect.TypeOf(obj), m.GetName(), true
 }
 
+// controllerOf is the UID of obj's controller, "" when it has none.
+func controllerOf(obj any) types.UID {
+	m, err := meta.Accessor(obj)
+	if err != nil {
+		return ""
+	}
+	if ref := metav1.GetControllerOfNoCopy(m); ref != nil {
+		return ref.UID
+	}
+	return ""
+}
+
 func (r *Registry) get(t reflect.Type, k string) (held, bool) {
 	r.mu.RLock()
 	defer r.mu.RUnlock()
@@ -60,14 +79,23 @@ func (r *Registry) get(t reflect.Type, k string) (held, bool) {
 }
 
 // Remember makes obj, a new version its owner (a watch) is about to hand on, share memory with the version
-// held before it, and holds obj in its place.
+// held before it (or, new, with its sibling), and holds obj in its place.
 func (r *Registry) Remember(obj, owner any) {
 	t, k, ok := key(obj)
 	if !ok {
 		return
 	}
-	if prev, ok := r.get(t, k); ok {
+	prev, known := r.get(t, k)
+	ctrl := types.UID("")
+	if known {
 		With(obj, prev.obj)
+	} else if ctrl = controllerOf(obj); ctrl != "" {
+		r.mu.RLock()
+		sibling := r.siblings[t][ctrl]
+		r.mu.RUnlock()
+		if sibling != nil {
+			With(obj, sibling)
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -77,6 +105,14 @@ func (r *Registry) Remember(obj, owner any) {
 		r.byType[t] = byKey
 	}
 	byKey[k] = held{obj: obj, owner: owner}
+	if ctrl != "" {
+		bySibling := r.siblings[t]
+		if bySibling == nil {
+			bySibling = map[types.UID]any{}
+			r.siblings[t] = bySibling
+		}
+		bySibling[ctrl] = obj
+	}
 }
 
 // Forget drops the object held under obj's type and name (it was deleted), after obj shares memory with it.
@@ -85,12 +121,17 @@ func (r *Registry) Forget(obj any) {
 	if !ok {
 		return
 	}
-	if prev, ok := r.get(t, k); ok {
+	prev, known := r.get(t, k)
+	if known {
 		With(obj, prev.obj)
 	}
+	ctrl := controllerOf(obj)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.byType[t], k)
+	if known && ctrl != "" && r.siblings[t][ctrl] == prev.obj {
+		delete(r.siblings[t], ctrl)
+	}
 }
 
 // Release drops every object owner remembered and no other owner remembered since: a watch that ended no
@@ -98,6 +139,7 @@ func (r *Registry) Forget(obj any) {
 func (r *Registry) Release(owner any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	clear(r.siblings) // hints only: a watch still running finds new ones as it goes
 	for _, byKey := range r.byType {
 		for k, h := range byKey {
 			if h.owner == owner {

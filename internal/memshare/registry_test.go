@@ -4,20 +4,26 @@ import (
 	"sync"
 	"testing"
 	"unsafe"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
+
+// fresh is pod i as decoding makes it: every string and slice its own, none a literal of this file.
+func fresh(t testing.TB, i int) *corev1.Pod { return decode(t, versions(t, i)[0]) }
 
 // TestRegistryShare: an informer's copy of a held object comes back as the held object when equal
 // throughout, and otherwise keeps its own values while pointing its equal parts at the held one's.
 func TestRegistryShare(t *testing.T) {
 	r := NewRegistry()
 	watch := new(int)
-	held := testPod(1)
+	held := fresh(t, 1)
 	r.Remember(held, watch)
 
-	if got := r.Share(testPod(1)); got != held {
+	if got := r.Share(fresh(t, 1)); got != held {
 		t.Fatalf("an equal copy came back as %p, not the held %p", got, held)
 	}
-	newer := testPod(1)
+	newer := fresh(t, 1)
 	newer.Spec.NodeName = "node-9"
 	if got := r.Share(newer); got != newer {
 		t.Fatal("a copy that differs came back as another object")
@@ -28,7 +34,7 @@ func TestRegistryShare(t *testing.T) {
 	if unsafe.StringData(newer.Spec.Containers[0].Image) != unsafe.StringData(held.Spec.Containers[0].Image) {
 		t.Error("the copy does not share its equal parts with the held object")
 	}
-	other := testPod(2)
+	other := fresh(t, 2)
 	if got := r.Share(other); got != other || unsafe.StringData(other.Name) == unsafe.StringData(held.Name) {
 		t.Error("an object of another name was shared")
 	}
@@ -36,7 +42,7 @@ func TestRegistryShare(t *testing.T) {
 		t.Error("what has no object metadata did not come back as it was")
 	}
 	var none *Registry
-	if p := testPod(1); none.Share(p) != p {
+	if p := fresh(t, 1); none.Share(p) != p {
 		t.Error("a nil registry changed an object")
 	}
 }
@@ -46,22 +52,22 @@ func TestRegistryShare(t *testing.T) {
 func TestRegistryRememberForgetRelease(t *testing.T) {
 	r := NewRegistry()
 	first, second := new(int), new(int)
-	v1 := testPod(1)
+	v1 := fresh(t, 1)
 	r.Remember(v1, first)
-	v2 := testPod(1)
+	v2 := fresh(t, 1)
 	v2.Spec.NodeName = "node-1"
 	r.Remember(v2, first)
 	if unsafe.StringData(v2.Spec.Containers[0].Image) != unsafe.StringData(v1.Spec.Containers[0].Image) {
 		t.Error("a new version does not share its unchanged parts with the one before")
 	}
-	if got := r.Share(testPod(1)); got == v2 || got == v1 {
+	if got := r.Share(fresh(t, 1)); got == v2 || got == v1 {
 		t.Error("an old version's copy came back as a held object")
 	}
-	r.Remember(testPod(2), first)
-	r.Remember(testPod(3), first)
-	held3 := testPod(3)
+	r.Remember(fresh(t, 2), first)
+	r.Remember(fresh(t, 3), first)
+	held3 := fresh(t, 3)
 	r.Remember(held3, second)
-	r.Forget(testPod(2))
+	r.Forget(fresh(t, 2))
 	if r.Len() != 2 {
 		t.Fatalf("after a deletion the registry holds %d, want 2", r.Len())
 	}
@@ -69,7 +75,7 @@ func TestRegistryRememberForgetRelease(t *testing.T) {
 	if r.Len() != 1 {
 		t.Fatalf("after the first watch ended the registry holds %d, want 1 (the second watch's)", r.Len())
 	}
-	if r.Share(testPod(3)) != held3 {
+	if r.Share(fresh(t, 3)) != held3 {
 		t.Fatal("the second watch's object is gone")
 	}
 }
@@ -80,13 +86,13 @@ func TestRegistryConcurrent(t *testing.T) {
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := range 200 {
-			r.Remember(testPod(i%10), r)
+			r.Remember(fresh(t, i%10), r)
 		}
 	})
 	for range 2 {
 		wg.Go(func() {
 			for i := range 200 {
-				r.Share(testPod(i % 10))
+				r.Share(fresh(t, i%10))
 			}
 		})
 	}
@@ -97,23 +103,59 @@ func TestRegistryConcurrent(t *testing.T) {
 // does not; the copy is the cache's object all the same. A copy that differs keeps its own, empty, kind, and
 // a kind that is not the copy's type's is not taken.
 func TestRegistryShareAdoptsTheCachesKind(t *testing.T) {
+	asTypedClientDecodes := func(i int) *corev1.Pod {
+		p := fresh(t, i)
+		p.TypeMeta = metav1.TypeMeta{}
+		return p
+	}
 	r := NewRegistry()
-	held := testPod(1)
+	held := fresh(t, 1)
 	held.APIVersion, held.Kind = "v1", "Pod"
 	r.Remember(held, r)
-	if got := r.Share(testPod(1)); got != held {
+	if got := r.Share(asTypedClientDecodes(1)); got != held {
 		t.Fatal("a typed client's copy without its kind did not come back as the cache's object")
 	}
-	differs := testPod(1)
+	differs := asTypedClientDecodes(1)
 	differs.Spec.NodeName = "node-9"
 	if got := r.Share(differs); got != differs || differs.Kind != "" || differs.APIVersion != "" {
 		t.Fatalf("a copy that differs came back as %p with kind %q %q", got, differs.APIVersion, differs.Kind)
 	}
 
-	wrong := testPod(2)
+	wrong := fresh(t, 2)
 	wrong.APIVersion, wrong.Kind = "v1", "Node"
 	r.Remember(wrong, r)
-	if got := r.Share(testPod(2)); got == wrong {
+	if got := r.Share(asTypedClientDecodes(2)); got == wrong {
 		t.Error("a copy took a kind that is not its type's")
+	}
+}
+
+// TestRegistrySiblings: a new object shares the memory of what it has in common with the last new object of
+// its controller (a ReplicaSet's pods are copies of one template), keeps its own values, and a deleted
+// sibling is no longer one; an object without a controller shares nothing.
+func TestRegistrySiblings(t *testing.T) {
+	r := NewRegistry()
+	first, second := fresh(t, 1), fresh(t, 2)
+	r.Remember(first, r)
+	r.Remember(second, r)
+	if unsafe.StringData(second.Spec.Containers[0].Image) != unsafe.StringData(first.Spec.Containers[0].Image) ||
+		unsafe.SliceData(second.ManagedFields[0].FieldsV1.Raw) != unsafe.SliceData(first.ManagedFields[0].FieldsV1.Raw) {
+		t.Error("a sibling does not share the template's memory")
+	}
+	if second.Name != fresh(t, 2).Name || first.Name != fresh(t, 1).Name {
+		t.Errorf("names changed: %q, %q", first.Name, second.Name)
+	}
+
+	r.Forget(fresh(t, 2))
+	third := fresh(t, 3)
+	r.Remember(third, r)
+	if unsafe.StringData(third.Spec.Containers[0].Image) == unsafe.StringData(second.Spec.Containers[0].Image) {
+		t.Error("a new object shared memory with a deleted sibling")
+	}
+
+	orphan := fresh(t, 4)
+	orphan.OwnerReferences = nil
+	r.Remember(orphan, r)
+	if unsafe.StringData(orphan.Spec.Containers[0].Image) == unsafe.StringData(third.Spec.Containers[0].Image) {
+		t.Error("an object without a controller shared memory")
 	}
 }
