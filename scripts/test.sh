@@ -100,7 +100,17 @@ elif [ $rc = 0 ]; then
 fi
 if [ $rc != 0 ]; then
 	echo "=== make test: what failed"
-	grep -a -E -- '--- FAIL:|\[FAIL\]|^(\[[a-z]+\] )?(FAIL|panic:|fatal error:)' "$log" | grep -a -v -E '^(\[[a-z]+\] )?FAIL$' | head -40 || true
+	# Each failed test with the last lines it logged itself (its t.Fatal among them), not the servers' logs
+	# that servertest forwards (timestamped): CI keeps only the tail, and the reason must be in it.
+	awk '
+		function flush() { for (i = n > 6 ? n - 5 : 1; i <= n; i++) print buf[i]; n = 0; failed = 0 }
+		/--- FAIL:|\[FAIL\]|^(\[[a-z]+\] )?(FAIL|panic:|fatal error:)/ && !/^(\[[a-z]+\] )?FAIL$/ {
+			flush(); print; failed = /--- FAIL:/; next
+		}
+		/--- (PASS|SKIP):|=== RUN|^(\[[a-z]+\] )?(ok|FAIL)[ \t]/ { flush() }
+		failed && /[A-Za-z0-9_]+\.go:[0-9]+: / && !/\.go:[0-9]+: [0-9-]+T[0-9:.]+Z / { buf[++n] = substr($0, 1, 400) }
+		END { flush() }
+	' "$log" | head -80 || true
 fi
 echo "=== make test: phase wall times"
 cat "$times"
