@@ -43,10 +43,14 @@ func TestStripManagedFields(t *testing.T) {
 // tombstone comes back as it is.
 func TestSharedWith(t *testing.T) {
 	reg := memshare.NewRegistry()
-	held := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", ResourceVersion: "7"}, Spec: corev1.PodSpec{NodeName: "n1"}}
+	// The watch cache's object carries its kind; a typed client's copy does not.
+	held := &corev1.Pod{TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+		ObjectMeta: metav1.ObjectMeta{Name: "p", Namespace: "ns", ResourceVersion: "7"}, Spec: corev1.PodSpec{NodeName: "n1"}}
 	reg.Remember(held, t)
 	share := SharedWith(reg)
-	out, err := share(held.DeepCopy())
+	copied := held.DeepCopy()
+	copied.TypeMeta = metav1.TypeMeta{}
+	out, err := share(copied)
 	if err != nil || out != held {
 		t.Fatalf("an equal copy came back as %p (%v), not the cache's %p", out, err, held)
 	}

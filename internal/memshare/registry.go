@@ -150,13 +150,23 @@ func (r *Registry) Release(owner any) {
 }
 
 // Share returns obj, sharing the memory of the version held under its type and name wherever their values
-// are equal; or the held object itself when they are equal throughout but for the kind that the held one
-// carries (apiVersion and kind, set as the watch cache decoded it) and obj does not, as a typed client
-// decodes it. obj must not be changed afterwards.
+// are equal; or the held object itself when they are equal throughout. obj must not be changed afterwards.
 // It suits an informer's transform (cache.TransformFunc) on a server, run after any transform that changes
 // the object.
+//
+// obj is what a typed client decodes, without apiVersion and kind; the watch cache's objects carry theirs
+// (the storage codec sets them as it decodes). Share gives obj its kind before comparing, so that an equal
+// copy is the cache's object, and leaves it set on what it has shared: an object that carries its kind is
+// returned as it is. That makes Share idempotent, which client-go requires of a transform its watch-list
+// reflector runs twice on every object (into its temporary store, then again in Replace): a second pass over
+// an object that already shares the watch cache's memory would write into that memory, which the cacher
+// and the other informers read meanwhile.
 func (r *Registry) Share(obj any) any {
 	if r == nil {
+		return obj
+	}
+	o, ok := obj.(runtime.Object)
+	if !ok || !o.GetObjectKind().GroupVersionKind().Empty() {
 		return obj
 	}
 	t, k, ok := key(obj)
@@ -165,35 +175,35 @@ func (r *Registry) Share(obj any) any {
 	}
 	prev, ok := r.get(t, k)
 	if !ok {
+		return obj // nothing shared: obj is still its own, and a later pass may share it
+	}
+	gvk, ok := kindFor(o, prev.obj)
+	if !ok {
 		return obj
 	}
-	// The watch cache's objects carry their kind (the storage codec sets it as it decodes); what a typed
-	// client decodes does not. The two are the same object all the same.
-	restore := adoptKind(obj, prev.obj)
+	o.GetObjectKind().SetGroupVersionKind(gvk)
 	if With(obj, prev.obj) {
 		return prev.obj
 	}
-	restore()
 	return obj
 }
 
-// adoptKind gives obj the kind prev carries when obj carries none and that kind is obj's type's in the
-// client's scheme, and returns what undoes it.
-func adoptKind(obj, prev any) (restore func()) {
-	o, ok1 := obj.(runtime.Object)
-	p, ok2 := prev.(runtime.Object)
-	if !ok1 || !ok2 {
-		return func() {}
+// kindFor is obj's kind in the client's scheme: the one held carries when it is one of obj's type's, else
+// the type's only one.
+func kindFor(obj runtime.Object, held any) (schema.GroupVersionKind, bool) {
+	kinds, _, err := scheme.Scheme.ObjectKinds(obj)
+	if err != nil || len(kinds) == 0 {
+		return schema.GroupVersionKind{}, false
 	}
-	gvk := p.GetObjectKind().GroupVersionKind()
-	if gvk.Empty() || !o.GetObjectKind().GroupVersionKind().Empty() {
-		return func() {}
+	if h, ok := held.(runtime.Object); ok {
+		if gvk := h.GetObjectKind().GroupVersionKind(); slices.Contains(kinds, gvk) {
+			return gvk, true
+		}
 	}
-	if kinds, _, err := scheme.Scheme.ObjectKinds(o); err != nil || !slices.Contains(kinds, gvk) {
-		return func() {}
+	if len(kinds) == 1 {
+		return kinds[0], true
 	}
-	o.GetObjectKind().SetGroupVersionKind(gvk)
-	return func() { o.GetObjectKind().SetGroupVersionKind(schema.GroupVersionKind{}) }
+	return schema.GroupVersionKind{}, false
 }
 
 // Len is how many objects the registry holds.
