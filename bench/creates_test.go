@@ -23,12 +23,13 @@ var (
 // three-member etcd 3.7.2, all built here. Both clusters are up throughout and take turns (-creates.rounds
 // each), so that the machine's drift falls on both; the pods name a scheduler that does not run, so neither
 // system schedules. Per system it reports the mean rate, the servers' CPU per create (Skiff's servers;
-// kube-apiserver and etcd), and their resident memory after the last turn.
+// kube-apiserver and etcd), and their resident memory after the last turn. With -bench.profile-dir it writes
+// Skiff's servers' CPU profiles of the first turn (creates-server-<i>.pprof).
 //
 // Run it with -benchtime=5000x or so.
 func BenchmarkCreates(b *testing.B) {
 	ctx := context.Background()
-	c, _ := apiCluster(b)
+	c, admins := apiCluster(b)
 	type system struct {
 		name   string
 		target apiTarget
@@ -47,11 +48,17 @@ func BenchmarkCreates(b *testing.B) {
 			ns := fmt.Sprintf("creates-%d", round)
 			clients := writerClients(b, ctx, sys.target.configs, ns, podWriterRole)
 			cpu := startCPUOf(b, sys.target.pids)
+			profiled := func() {}
+			if sys.name == "skiff" && round == 0 {
+				// The servers' CPU profiles of the first turn's first 10 s (with -bench.profile-dir).
+				profiled = profileServers(b, admins, "creates", 10*time.Second)
+			}
 			rate, p50, p99 := run(b, conc, b.N, func(w, i int) error {
 				_, err := clients[w%len(clients)].CoreV1().Pods(ns).Create(ctx, benchPod(fmt.Sprintf("p-%06d", i)), metav1.CreateOptions{})
 				return err
 			})
 			_, serversMs := cpu.perOp(b.N)
+			profiled()
 			rates[sys.name] = append(rates[sys.name], rate)
 			cpus[sys.name] = append(cpus[sys.name], serversMs)
 			b.Logf("turn %d, %s: %d creates as a service account, %.0f/s, p50 %.1f ms, p99 %.1f ms, %.2f ms of server CPU per create",
