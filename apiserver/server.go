@@ -172,6 +172,9 @@ func New(c Config) (*Server, error) {
 	if cfg.LoopbackClientConfig, err = cfg.SecureServing.NewLoopbackClientConfig(uuid.NewString(), loopbackCert); err != nil {
 		return nil, err
 	}
+	// The server's own clients (its informers, apiextensions, the aggregator) would otherwise ask for gzip,
+	// and every watch event they receive would be compressed and inflated again within this process.
+	cfg.LoopbackClientConfig.DisableCompression = true
 	// Without a client CA (some tests), no client certificate authenticates.
 	clientCAVerify := func() (x509.VerifyOptions, bool) { return x509.VerifyOptions{}, false }
 	if len(c.ClientCAPEM) > 0 {
