@@ -1,8 +1,12 @@
 package raftnode
 
 import (
+	"context"
+
 	"github.com/hashicorp/raft"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/skiff-dev/skiff/fsm"
 )
 
 // Test-only access to the hashicorp/raft instance behind a Node, for the regression tests of upstream raft
@@ -42,4 +46,21 @@ func (n *Node) RefuseSnapshotPastForTest(refuse bool) { n.refuseSnapshotPast.Sto
 // LostWritesForTest returns how many writes in flight at a loss of leadership ended with this outcome.
 func (n *Node) LostWritesForTest(outcome string) float64 {
 	return testutil.ToFloat64(n.metrics.lostWrites.WithLabelValues(outcome))
+}
+
+// BeforeDeliverForTest runs f in the FSM loop between each batch's apply and the hand-out of its outcomes to
+// the writes learning theirs after a loss of leadership: the window a loaded machine widens.
+func (n *Node) BeforeDeliverForTest(f func()) { n.outcomes.beforeDeliver.Store(&f) }
+
+// ProposeForTest proposes a command straight to hashicorp/raft on a leader no one else writes to, without
+// waiting: the entry's index (the log's next), its bytes, and its future.
+func (n *Node) ProposeForTest(cmd *fsm.Command) (uint64, []byte, raft.ApplyFuture) {
+	data := cmd.Encode()
+	index := n.raft.LastIndex() + 1
+	return index, data, n.raft.Apply(data, 0)
+}
+
+// LearnOutcomeForTest runs what a former leader runs for a write in flight at the loss of its leadership.
+func (n *Node) LearnOutcomeForTest(ctx context.Context, index uint64, data []byte) (fsm.Result, error) {
+	return n.learnOutcome(ctx, index, data, raft.ErrLeadershipLost)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/skiff-dev/skiff/fsm"
 )
@@ -33,6 +34,13 @@ type outcomeWaiters struct {
 	n       atomic.Int64
 	mu      sync.Mutex
 	waiters map[uint64]chan outcome
+	// through is the last index of the last batch handed out while somebody waited, and handed is closed (and
+	// replaced) after each such batch. The store makes a batch's indexes visible as applied before the FSM
+	// loop hands its outcomes out, so a waiter that sees its index applied must still wait for the hand-out.
+	through uint64
+	handed  chan struct{}
+	// beforeDeliver, when set (tests), runs between a batch's apply and the hand-out of its outcomes.
+	beforeDeliver atomic.Pointer[func()]
 }
 
 func (w *outcomeWaiters) add(index uint64) chan outcome {
@@ -59,7 +67,10 @@ func (w *outcomeWaiters) remove(index uint64) {
 // deliver hands the waiters of these entries' indexes what was applied there. It runs in the FSM loop and
 // never blocks.
 func (w *outcomeWaiters) deliver(entries []fsm.Entry, results []fsm.Result) {
-	if w.n.Load() == 0 {
+	if hook := w.beforeDeliver.Load(); hook != nil {
+		(*hook)()
+	}
+	if w.n.Load() == 0 || len(entries) == 0 {
 		return
 	}
 	w.mu.Lock()
@@ -69,6 +80,38 @@ func (w *outcomeWaiters) deliver(entries []fsm.Entry, results []fsm.Result) {
 			ch <- outcome{data: e.Data, res: results[i]}
 			delete(w.waiters, e.Index)
 			w.n.Add(-1)
+		}
+	}
+	w.through = max(w.through, entries[len(entries)-1].Index)
+	if w.handed != nil {
+		close(w.handed)
+		w.handed = nil
+	}
+}
+
+// waitHanded waits, while a waiter is registered at index and the store has passed it, until the batch that
+// took the store past index has been handed out, or until stop says to give up (it is polled too, for what no
+// batch hands out: a snapshot's restore). It reports whether the hand-out happened.
+func (w *outcomeWaiters) waitHanded(ctx context.Context, index uint64, stop func() bool) bool {
+	for {
+		w.mu.Lock()
+		if w.through >= index {
+			w.mu.Unlock()
+			return true
+		}
+		if w.handed == nil {
+			w.handed = make(chan struct{})
+		}
+		handed := w.handed
+		w.mu.Unlock()
+		if stop() {
+			return false
+		}
+		select {
+		case <-handed:
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return false
 		}
 	}
 }
@@ -106,6 +149,13 @@ func (n *Node) learnOutcome(ctx context.Context, index uint64, data []byte, caus
 	}
 	if err := n.LinearizableRead(ctx); err != nil {
 		return unknown(fmt.Sprintf("no leader answered: %v", err))
+	}
+	// Once the store has passed index, the batch that took it there is handed out right after (it holds the
+	// write's entry, if it committed). Deciding before that took a committed write for one never committed,
+	// and it was proposed, and applied, again.
+	restored := func() bool { return n.store.Restores() != restores }
+	if n.store.AppliedIndex() >= index && !n.outcomes.waitHanded(ctx, index, restored) && !restored() {
+		return unknown(fmt.Sprintf("its batch's outcomes were not handed out: %v", ctx.Err()))
 	}
 	select {
 	case o := <-ch:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -96,5 +97,70 @@ func TestWritesInFlightWhenLeadershipIsLost(t *testing.T) {
 	}
 	if unknown != 0 {
 		t.Errorf("%v writes ended with an unknown outcome", unknown)
+	}
+}
+
+// TestLostWriteWaitsForItsOutcome: a former leader learning a write's outcome must not decide before the
+// FSM loop has handed out the outcome of the batch that applied the write's index. The store makes the index
+// visible as applied first; a look in between took the committed write for one never committed, and it was
+// proposed (and applied) again, which a CI run on a loaded machine found as AlreadyExists. The FSM loop is
+// held after a first write, a second is proposed behind it, and its outcome is learned while the loop is
+// slow to hand it out.
+func TestLostWriteWaitsForItsOutcome(t *testing.T) {
+	c := rt.TestCluster(t, 1)
+	n := c.Node(c.WaitForLeader())
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	release := make(chan struct{})
+	var batches atomic.Int32
+	n.BeforeDeliverForTest(func() {
+		switch batches.Add(1) {
+		case 1:
+			<-release // the first write's batch, applied: the loop waits here, the second write behind it
+		case 2:
+			time.Sleep(300 * time.Millisecond) // the second write's, applied: its outcome handed out late
+		}
+	})
+	first := make(chan error, 1)
+	go func() {
+		_, err := n.Apply(ctx, &fsm.Command{Type: fsm.CmdCreate, Key: "/first", Value: []byte("x")})
+		first <- err
+	}()
+	c.WaitFor("the first write's batch in the hand-out", 10*time.Second, func() error {
+		if batches.Load() == 0 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	index, data, future := n.ProposeForTest(&fsm.Command{Type: fsm.CmdCreate, Key: "/second", Value: []byte("y")})
+	c.WaitFor("the second write committed", 10*time.Second, func() error {
+		if got := n.RaftForTest().CommitIndex(); got < index {
+			return fmt.Errorf("commit index %d", got)
+		}
+		return nil
+	})
+	type answer struct {
+		res fsm.Result
+		err error
+	}
+	learned := make(chan answer, 1)
+	go func() {
+		res, err := n.LearnOutcomeForTest(ctx, index, data)
+		learned <- answer{res, err}
+	}()
+	time.Sleep(200 * time.Millisecond) // it waits for the store to reach the index
+	close(release)
+	a := <-learned
+	if a.err != nil {
+		t.Fatalf("a committed write's outcome: %v", a.err)
+	}
+	if err := a.res.Err(); err != nil {
+		t.Fatalf("a committed write's result: %v", err)
+	}
+	if err := future.Error(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-first; err != nil {
+		t.Fatal(err)
 	}
 }
