@@ -160,7 +160,8 @@ func (r *Registry) Release(owner any) {
 // returned as it is. That makes Share idempotent, which client-go requires of a transform its watch-list
 // reflector runs twice on every object (into its temporary store, then again in Replace): a second pass over
 // an object that already shares the watch cache's memory would write into that memory, which the cacher
-// and the other informers read meanwhile.
+// and the other informers read meanwhile. An object whose kind is not known (neither its type's in the
+// client's scheme nor carried by the held one) is shared whole or not at all.
 func (r *Registry) Share(obj any) any {
 	if r == nil {
 		return obj
@@ -179,6 +180,10 @@ func (r *Registry) Share(obj any) any {
 	}
 	gvk, ok := kindFor(o, prev.obj)
 	if !ok {
+		// Nothing to mark obj with: the whole of it or nothing, so that a second pass has nothing to write.
+		if reflect.DeepEqual(obj, prev.obj) {
+			return prev.obj
+		}
 		return obj
 	}
 	o.GetObjectKind().SetGroupVersionKind(gvk)
@@ -188,19 +193,23 @@ func (r *Registry) Share(obj any) any {
 	return obj
 }
 
-// kindFor is obj's kind in the client's scheme: the one held carries when it is one of obj's type's, else
-// the type's only one.
+// kindFor is obj's kind: in the client's scheme, the one held carries when it is one of obj's type's, else
+// the type's only one; for a type that scheme does not know (an API server's own test types), the one held
+// carries.
 func kindFor(obj runtime.Object, held any) (schema.GroupVersionKind, bool) {
-	kinds, _, err := scheme.Scheme.ObjectKinds(obj)
-	if err != nil || len(kinds) == 0 {
-		return schema.GroupVersionKind{}, false
-	}
+	var heldKind schema.GroupVersionKind
 	if h, ok := held.(runtime.Object); ok {
-		if gvk := h.GetObjectKind().GroupVersionKind(); slices.Contains(kinds, gvk) {
-			return gvk, true
-		}
+		heldKind = h.GetObjectKind().GroupVersionKind()
 	}
-	if len(kinds) == 1 {
+	kinds, _, err := scheme.Scheme.ObjectKinds(obj)
+	switch {
+	case runtime.IsNotRegisteredError(err):
+		return heldKind, !heldKind.Empty()
+	case err != nil || len(kinds) == 0:
+		return schema.GroupVersionKind{}, false
+	case slices.Contains(kinds, heldKind):
+		return heldKind, true
+	case len(kinds) == 1:
 		return kinds[0], true
 	}
 	return schema.GroupVersionKind{}, false
