@@ -41,6 +41,7 @@ var (
 	scaleCreators       = flag.Int("scale.creators", 32, "concurrent clients creating the workload's objects")
 	scaleIdle           = flag.Duration("scale.idle", time.Minute, "how long the idle cluster's store writes are counted")
 	scaleReport         = flag.String("scale.report", "", "a file the table is appended to, in Markdown")
+	scaleLatencyPods    = flag.Int("scale.latency-pods", 500, "pods of the pod startup SLI, created at 5 a second on the saturated cluster (clusterloader2's latency pods, at least 500)")
 	scaleDeadHosts      = flag.Int("scale.dead-hosts", 4, "Skiff's simulated agents killed one after another to time dead-node detection (Kubernetes: one kwok process)")
 )
 
@@ -64,10 +65,14 @@ var scaleSLOs = []struct {
 //     250, a quarter in Deployments of 30, half in Deployments of 5, each with a ConfigMap and a Secret it
 //     mounts, every other one behind a ClusterIP Service, small Jobs beside them, and one DaemonSet over
 //     every node; created at -scale.creators concurrency until -scale.pods-per-node pods per node run;
+//   - latency pods: -scale.latency-pods one-replica Deployments over the namespaces, created at 5 a second on
+//     the saturated cluster, then deleted (clusterloader2's pod-startup-latency module: the pods its 5 s pod
+//     startup SLO is judged on; it holds the saturation's pods, created as fast as the workload goes, to 1 h);
 //   - churn: every Deployment scaled to between 50% and 150% of its size, until the pods settle;
 //   - the SLIs, measured at the client throughout: mutating calls (the workload's own creates and a probe's
 //     updates), single-object reads, namespace and cluster-wide lists (through every server, followers
-//     included), and pod startup (first seen by a watch to Running and Ready, as clusterloader2 measures it);
+//     included), and pod startup (first seen by a watch to Running and Ready, a little stricter than
+//     clusterloader2's first seen to Running) of the latency pods, with the saturation's pods' beside it;
 //   - the idle cluster's store writes per node per minute, the control plane's CPU seconds and peak RSS;
 //   - dead nodes: the process that runs a group of nodes (a Skiff simulated agent, one gossip member; a kwok
 //     process) killed with SIGKILL, and the time until each of its nodes is Ready=Unknown, as a watch sees it;
@@ -218,7 +223,9 @@ type scaleRow struct {
 	system                string
 	nodes, pods           int
 	p99                   map[string]time.Duration
-	startupP50            time.Duration
+	startupP50            time.Duration // of the latency pods, whose p99 is p99["pod-startup"]
+	workloadStartupP50    time.Duration // of the saturation's and churn's pods
+	workloadStartupP99    time.Duration
 	saturation, churn     time.Duration
 	cpuSeconds            float64
 	peakRSS, peakRSSTotal int64
@@ -277,6 +284,8 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 		}
 	}
 
+	latencyPods(b, t, namespaces, lat, watcher, want)
+
 	// Churn: every Deployment to between 50% and 150% of its size.
 	t0 = time.Now()
 	rng := rand.New(rand.NewSource(int64(nodes)))
@@ -311,13 +320,20 @@ func scaleStep(b *testing.B, t *scaleTarget, nodes int) scaleRow {
 		row.p99[sli] = percentile(d, 99)
 		b.Logf("%s: %d calls, p50 %.0f ms, p99 %.0f ms", sli, len(d), ms(percentile(d, 50)), ms(percentile(d, 99)))
 	}
-	startups := watcher.startups()
-	row.p99["pod-startup"] = percentile(startups, 99)
-	row.startupP50 = percentile(startups, 50)
-	b.Logf("pod startup: %d pods, p50 %.0f ms, p99 %.0f ms", len(startups), ms(row.startupP50), ms(row.p99["pod-startup"]))
-	toBound, boundToReady := watcher.startupParts()
-	b.Logf("pod startup in parts: first seen to bound p50 %.0f ms, p99 %.0f ms; bound to Running and Ready p50 %.0f ms, p99 %.0f ms",
-		ms(percentile(toBound, 50)), ms(percentile(toBound, 99)), ms(percentile(boundToReady, 50)), ms(percentile(boundToReady, 99)))
+	for _, latency := range []bool{true, false} {
+		startups, toBound, boundToReady := watcher.startups(latency)
+		p50, p99 := percentile(startups, 50), percentile(startups, 99)
+		which := "latency pods"
+		if latency {
+			row.startupP50, row.p99["pod-startup"] = p50, p99
+		} else {
+			which = "saturation and churn pods"
+			row.workloadStartupP50, row.workloadStartupP99 = p50, p99
+		}
+		b.Logf("pod startup, %s: %d pods, p50 %.0f ms, p99 %.0f ms; first seen to bound p50 %.0f ms, p99 %.0f ms; bound to Running and Ready p50 %.0f ms, p99 %.0f ms",
+			which, len(startups), ms(p50), ms(p99), ms(percentile(toBound, 50)), ms(percentile(toBound, 99)),
+			ms(percentile(boundToReady, 50)), ms(percentile(boundToReady, 99)))
+	}
 
 	// The idle cluster's writes: the store's revision before and after the window, which starts once the
 	// controllers' last status updates of the churn are in. (Skiff's revision is its Raft index, which also
@@ -434,10 +450,19 @@ func deadNodeDetection(b *testing.B, t *scaleTarget, hosts int) []time.Duration 
 			return missing == 0, fmt.Sprintf("%d of %d not yet", missing, len(names))
 		})
 		mu.Lock()
-		for _, n := range names {
-			times = append(times, unknownAt[n].Sub(killed))
+		var first, last time.Duration
+		for j, n := range names {
+			d := unknownAt[n].Sub(killed)
+			times = append(times, d)
+			if j == 0 || d < first {
+				first = d
+			}
+			last = max(last, d)
 		}
 		mu.Unlock()
+		// The kill's wall-clock time, to find it in the servers' logs (SKIFF_KEEP_LOGS keeps them).
+		b.Logf("dead nodes: host %d of %d killed at %s: its %d nodes Unknown %.0f to %.0f ms later", i+1, hosts,
+			killed.Format("15:04:05.000"), len(names), ms(first), ms(last))
 		restart()
 		waitHostSettled(b, t.clients[0], names)
 	}
@@ -723,13 +748,15 @@ type podWatcher struct {
 	boundAt   map[string]time.Time // first seen with a node
 	started   map[string]time.Duration
 	// toBound and boundToReady split each startup: first seen to first seen bound, then to Running and Ready.
-	toBound, boundToReady []time.Duration
+	toBound, boundToReady map[string]time.Duration
+	latency               map[string]bool // the latency pods (label group=latency)
 	running               map[string]bool // pods Running and Ready now
 	close                 chan struct{}
 }
 
 func watchPods(b *testing.B, client kubernetes.Interface) *podWatcher {
 	w := &podWatcher{firstSeen: map[string]time.Time{}, boundAt: map[string]time.Time{}, started: map[string]time.Duration{},
+		toBound: map[string]time.Duration{}, boundToReady: map[string]time.Duration{}, latency: map[string]bool{},
 		running: map[string]bool{}, close: make(chan struct{})}
 	factory := informers.NewSharedInformerFactory(client, 0)
 	observe := func(obj any) {
@@ -749,6 +776,9 @@ func watchPods(b *testing.B, client kubernetes.Interface) *podWatcher {
 		defer w.mu.Unlock()
 		if _, ok := w.firstSeen[key]; !ok {
 			w.firstSeen[key] = now
+			if pod.Labels[latencyLabel] == latencyGroup {
+				w.latency[key] = true
+			}
 		}
 		if _, ok := w.boundAt[key]; !ok && pod.Spec.NodeName != "" {
 			w.boundAt[key] = now
@@ -756,8 +786,8 @@ func watchPods(b *testing.B, client kubernetes.Interface) *podWatcher {
 		if ready {
 			if _, ok := w.started[key]; !ok {
 				w.started[key] = now.Sub(w.firstSeen[key])
-				w.toBound = append(w.toBound, w.boundAt[key].Sub(w.firstSeen[key]))
-				w.boundToReady = append(w.boundToReady, now.Sub(w.boundAt[key]))
+				w.toBound[key] = w.boundAt[key].Sub(w.firstSeen[key])
+				w.boundToReady[key] = now.Sub(w.boundAt[key])
 			}
 		}
 		if ready && pod.DeletionTimestamp == nil {
@@ -799,21 +829,75 @@ func (w *podWatcher) waitRunning(b *testing.B, n int, timeout time.Duration) {
 	})
 }
 
-func (w *podWatcher) startups() []time.Duration {
+// startups returns, for each started latency pod (or each other started pod), its time from first seen to
+// Running and Ready, and that time in two parts: first seen to bound, then bound to Running and Ready.
+func (w *podWatcher) startups(latency bool) (startup, toBound, boundToReady []time.Duration) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	out := make([]time.Duration, 0, len(w.started))
-	for _, d := range w.started {
-		out = append(out, d)
+	for key, d := range w.started {
+		if w.latency[key] == latency {
+			startup = append(startup, d)
+			toBound = append(toBound, w.toBound[key])
+			boundToReady = append(boundToReady, w.boundToReady[key])
+		}
 	}
-	return out
+	return startup, toBound, boundToReady
 }
 
-// startupParts returns each started pod's time from first seen to bound, and from bound to Running and Ready.
-func (w *podWatcher) startupParts() (toBound, boundToReady []time.Duration) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return slices.Clone(w.toBound), slices.Clone(w.boundToReady)
+// The label that marks the latency pods, as clusterloader2 marks them.
+const latencyLabel, latencyGroup = "group", "latency"
+
+// latencyPods runs clusterloader2's pod-startup-latency module on the saturated cluster, whose running pods
+// are running: -scale.latency-pods one-replica Deployments spread over the namespaces, created at 5 a second
+// (its Uniform5qps), waited for, then deleted, and waited for until only the saturation's pods run again.
+// Their startups are the pod startup SLI's sample: the saturation's pods are created as fast as the workload
+// goes, and clusterloader2 holds those to 1 h, not 5 s (its TODO, kubernetes/perf-tests#1024).
+func latencyPods(b *testing.B, t *scaleTarget, namespaces []string, lat *sliRecorder, w *podWatcher, running int) {
+	ctx := context.Background()
+	n := *scaleLatencyPods
+	if n <= 0 {
+		return
+	}
+	t0 := time.Now()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	deployments := make([]*appsv1.Deployment, n)
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		<-tick.C
+		ns := namespaces[i%len(namespaces)]
+		labels := map[string]string{latencyLabel: latencyGroup, "name": fmt.Sprintf("latency-%d", i)}
+		one := int32(1)
+		deployments[i] = &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: labels["name"], Namespace: ns, Labels: labels},
+			Spec: appsv1.DeploymentSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: labels},
+				Template: corev1.PodTemplateSpec{ObjectMeta: metav1.ObjectMeta{Labels: labels},
+					Spec: corev1.PodSpec{Containers: []corev1.Container{scaleContainer()}}}}}
+		wg.Go(func() { // at 5 a second whatever each call takes, as clusterloader2's qpsLoad
+			t1 := time.Now()
+			_, err := t.clients[i%3].AppsV1().Deployments(ns).Create(ctx, deployments[i], metav1.CreateOptions{})
+			lat.add("mutating", time.Since(t1))
+			if err != nil {
+				errs <- fmt.Errorf("creating latency deployment %s/%s: %w", ns, deployments[i].Name, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	w.waitRunning(b, running+n, 15*time.Minute)
+	b.Logf("latency pods: %d created at 5 a second, all running %v after the first", n, time.Since(t0).Round(time.Second))
+	background := metav1.DeletePropagationBackground
+	run(b, *scaleCreators, n, func(c, i int) error {
+		d := deployments[i]
+		t1 := time.Now()
+		err := t.clients[c%3].AppsV1().Deployments(d.Namespace).Delete(ctx, d.Name, metav1.DeleteOptions{PropagationPolicy: &background})
+		lat.add("mutating", time.Since(t1))
+		return err
+	})
+	w.waitRunning(b, running, 15*time.Minute)
 }
 
 // storeRevision is the store's latest revision, from a consistent list's resourceVersion (Skiff's is the
@@ -925,8 +1009,8 @@ func consistentListAfterJoin(b *testing.B, kubeconfig string) time.Duration {
 // scaleTable is the rows as a Markdown table: the SLIs' p99 with whether each SLO held, and the costs.
 func scaleTable(rows []scaleRow) string {
 	var s strings.Builder
-	s.WriteString("| system | nodes | pods running | mutating p99 | get p99 | list (ns) p99 | list (cluster) p99 | pod startup p50 / p99 | SLOs | saturation / churn | CPU s | peak RSS per server (machine) / all | idle writes per node per min | dead node → Unknown p50 / p99 | failover | restarted server reads | new server reads |\n")
-	s.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+	s.WriteString("| system | nodes | pods running | mutating p99 | get p99 | list (ns) p99 | list (cluster) p99 | pod startup p50 / p99 | SLOs | saturation pods' startup p50 / p99 | saturation / churn | CPU s | peak RSS per server (machine) / all | idle writes per node per min | dead node → Unknown p50 / p99 | failover | restarted server reads | new server reads |\n")
+	s.WriteString("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 	for _, r := range rows {
 		var missed []string
 		for _, slo := range scaleSLOs {
@@ -952,9 +1036,9 @@ func scaleTable(rows []scaleRow) string {
 		if r.joinRead > 0 {
 			join = fmt.Sprintf("%.1f s", r.joinRead.Seconds())
 		}
-		fmt.Fprintf(&s, "| %s | %d | %d | %s | %s | %s | %s | %.0f / %.0f ms | %s | %.0f / %.0f s | %.0f | %.2f / %.2f GiB | %.2f | %s | %.2f s | %.1f s | %s |\n",
+		fmt.Fprintf(&s, "| %s | %d | %d | %s | %s | %s | %s | %.0f / %.0f ms | %s | %.0f / %.0f ms | %.0f / %.0f s | %.0f | %.2f / %.2f GiB | %.2f | %s | %.2f s | %.1f s | %s |\n",
 			r.system, r.nodes, r.pods, d("mutating"), d("get"), d("list-namespace"), d("list-cluster"), ms(r.startupP50), ms(r.p99["pod-startup"]),
-			slos, r.saturation.Seconds(), r.churn.Seconds(), r.cpuSeconds, float64(r.peakRSS)/(1<<30), float64(r.peakRSSTotal)/(1<<30),
+			slos, ms(r.workloadStartupP50), ms(r.workloadStartupP99), r.saturation.Seconds(), r.churn.Seconds(), r.cpuSeconds, float64(r.peakRSS)/(1<<30), float64(r.peakRSSTotal)/(1<<30),
 			r.idleWritesPerNodeMin, dead, r.failover.Seconds(), r.restartRead.Seconds(), join)
 	}
 	return s.String()

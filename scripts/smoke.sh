@@ -24,7 +24,7 @@ bench            CRDs                                       200x  -crd.count=5
 bench            Scheduler                                  1x    -sched.nodes=200 -sched.pods=300 -sched.affinity-pods=100
 scheduler        CacheMemory                                1x    -mem.nodes=500 -mem.pods=5000
 bench            Workloads                                  1x    -workloads.job-completions=50 -workloads.statefulset-replicas=10 -workloads.nodes=5
-bench            ^BenchmarkScale$                           1x    -scale.steps=20 -scale.pods-per-node=5 -scale.nodes-per-member=10 -scale.idle=5s -scale.systems=skiff
+bench            ^BenchmarkScale$                           1x    -scale.steps=20 -scale.pods-per-node=5 -scale.nodes-per-member=10 -scale.idle=5s -scale.latency-pods=20 -scale.systems=skiff
 bench            NodeDetection                              1x    -detect.trials=1 -detect.nodes=50
 gossip           GossipConvergence                          1x    -gossip.members=10
 nodeagent/proxy  BuildRules|Sync|RestoreOnly                1x    -proxy.services=100

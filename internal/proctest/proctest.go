@@ -1,6 +1,8 @@
 // Package proctest runs real `skiff server` processes on loopback addresses (127.0.0.1, .2, .3, ...) from
 // generated HCL files, and drives them through `skiff operator`, as an operator would. The e2e tests and the
-// failover benchmark use it. Set SKIFF_BIN to use a prebuilt binary; otherwise it builds one.
+// failover benchmark use it. Set SKIFF_BIN to use a prebuilt binary; otherwise it builds one. Set
+// SKIFF_KEEP_LOGS to a directory to keep the servers' logs there after a test (they are in its temporary
+// directory, removed with it).
 package proctest
 
 import (
@@ -140,6 +142,7 @@ func NewClusterFrom(t testing.TB, first, n int, extraServerHCL string) *Cluster 
 		for _, p := range c.Procs {
 			c.Kill(p)
 		}
+		keepLogs(t, c.Procs)
 		if t.Failed() {
 			for _, p := range c.Procs {
 				if data, err := os.ReadFile(p.logPath); err == nil {
@@ -197,6 +200,28 @@ server {
 		c.t.Fatal(err)
 	}
 	return p
+}
+
+// keepLogs copies the servers' logs into $SKIFF_KEEP_LOGS, when set, as <test>-<server>.log.
+func keepLogs(t testing.TB, procs []*Proc) {
+	dir := os.Getenv("SKIFF_KEEP_LOGS")
+	if dir == "" {
+		return
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Logf("keeping the server logs: %v", err)
+		return
+	}
+	prefix := strings.NewReplacer("/", "_", " ", "_").Replace(t.Name())
+	for _, p := range procs {
+		data, err := os.ReadFile(p.logPath)
+		if err == nil {
+			err = os.WriteFile(filepath.Join(dir, prefix+"-"+p.Name+".log"), data, 0o644)
+		}
+		if err != nil {
+			t.Logf("keeping %s's log: %v", p.Name, err)
+		}
+	}
 }
 
 func tail(b []byte, n int) []byte {
