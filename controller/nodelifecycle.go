@@ -28,8 +28,6 @@ type Members interface {
 	Subscribe() (<-chan gossip.Event, func())
 	// Reachable says whether the member answers a direct probe now.
 	Reachable(name string) bool
-	// Suspects names the members gossip suspects now: dead unless they refute within SuspicionTimeout.
-	Suspects() []string
 }
 
 // NodeLifecycleConfig tunes the node lifecycle controller (server HCL keys in parentheses).
@@ -210,37 +208,25 @@ func runNodeLifecycle(ctx context.Context, c *Clients) {
 	}
 	l := &lifecycle{c: c, cfg: cfg, nodes: nodes.Lister(), podIndex: pods.Informer().GetIndexer(), leases: leases.Lister(),
 		warmAt: time.Now().Add(c.Members.SuspicionTimeout() + time.Second), orphanSince: map[string]time.Time{},
-		failureConfirmed: map[string]time.Time{}, answering: map[string]bool{},
-		preconfirming: map[string]bool{}, preconfirmed: make(chan probeAnswer), podWriter: newPodWriter(ctx)}
+		failureConfirmed: map[string]time.Time{}, answering: map[string]bool{}, podWriter: newPodWriter(ctx)}
 	// Member changes trigger a pass at once (after a short pause that gathers a burst of them), so detection
 	// is not held back by the tick; the tick catches Leases, tolerations running out and anything missed.
 	events, unsubscribe := c.Members.Subscribe()
 	defer func() { unsubscribe() }()
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
-	suspects := time.NewTicker(suspectPoll)
-	defer suspects.Stop()
 	for {
 		l.reconcile(ctx, time.Now())
-		// Until the next pass, suspects are probed as gossip names them.
-		for next := false; !next; {
-			select {
-			case <-ctx.Done():
-				return
-			case <-suspects.C:
-				l.preconfirm(ctx, time.Now())
-			case a := <-l.preconfirmed:
-				l.notePreconfirmed(a)
-			case <-tick.C:
-				next = true
-			case _, open := <-events:
-				if !open { // cut off for falling behind: resubscribe; this pass rereads the whole pool anyway
-					events, unsubscribe = c.Members.Subscribe()
-				}
-				time.Sleep(memberEventBatch)
-				drain(events)
-				next = true
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		case _, open := <-events:
+			if !open { // cut off for falling behind: resubscribe; this pass rereads the whole pool anyway
+				events, unsubscribe = c.Members.Subscribe()
 			}
+			time.Sleep(memberEventBatch)
+			drain(events)
 		}
 	}
 }
@@ -272,14 +258,9 @@ type lifecycle struct {
 	disrupted   bool
 	orphanSince map[string]time.Time // pods whose Node is gone, by namespace/name
 	// failureConfirmed is when a direct probe last failed to reach a member this server's gossip view holds
-	// as failed, or suspects, by member name.
+	// as failed, by member name.
 	failureConfirmed map[string]time.Time
-	// suspected are the members gossip suspected at the last look; preconfirming those being probed ahead of
-	// their failure, whose answers come back on preconfirmed.
-	suspected     map[string]bool
-	preconfirming map[string]bool
-	preconfirmed  chan probeAnswer
-	answering     map[string]bool // failed members that answered their last probe, logged once
+	answering        map[string]bool // failed members that answered their last probe, logged once
 	// taintSeen is when this leader first saw each NoExecute taint without a TimeAdded, by node, key and value;
 	// taintPresent the ones the current pass saw.
 	taintSeen    map[string]time.Time
@@ -296,9 +277,6 @@ const failureRecheck = 10 * time.Second
 // now leads, which holds every member as failed until it reconnects; a member it can reach is not failed.
 func (l *lifecycle) confirmFailures(hosts map[string]*gossip.Member, now time.Time) {
 	failed := map[string]bool{}
-	for name := range l.suspected {
-		failed[name] = true // not probed below, but a failure confirmed ahead of time stands
-	}
 	var probe []string
 	probing := map[string]bool{}
 	for _, m := range hosts {
@@ -337,48 +315,6 @@ func (l *lifecycle) confirmFailures(hosts map[string]*gossip.Member, now time.Ti
 		}
 		l.answering[name] = true
 		delete(l.failureConfirmed, name)
-	}
-}
-
-// probeAnswer is whether a suspected member answered a direct probe sent at at.
-type probeAnswer struct {
-	name      string
-	at        time.Time
-	reachable bool
-}
-
-// suspectPoll is how often the leader looks for members gossip suspects, to probe them before they are
-// declared dead.
-const suspectPoll = 100 * time.Millisecond
-
-// preconfirm probes, in the background, the members gossip has just begun to suspect, so that when one is
-// declared dead its failure is confirmed already and its Nodes are marked at once: the direct probe (up to
-// one probe timeout) runs during the suspicion instead of after it. A suspect that answers is left for
-// confirmFailures to probe again if it is declared dead.
-func (l *lifecycle) preconfirm(ctx context.Context, now time.Time) {
-	l.suspected = map[string]bool{}
-	for _, name := range l.c.Members.Suspects() {
-		l.suspected[name] = true
-		if at, ok := l.failureConfirmed[name]; (ok && now.Sub(at) < failureRecheck) || l.preconfirming[name] {
-			continue
-		}
-		l.preconfirming[name] = true
-		go func() {
-			answer := probeAnswer{name: name, at: now, reachable: l.c.Members.Reachable(name)}
-			select {
-			case l.preconfirmed <- answer:
-			case <-ctx.Done(): // the controller stopped
-			}
-		}()
-	}
-}
-
-// notePreconfirmed records a suspect's probe answer. The member may have been declared dead meanwhile; if it
-// refuted instead, the next pass forgets the confirmation.
-func (l *lifecycle) notePreconfirmed(a probeAnswer) {
-	delete(l.preconfirming, a.name)
-	if !a.reachable {
-		l.failureConfirmed[a.name] = a.at
 	}
 }
 
@@ -464,7 +400,14 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 			podWrites = append(podWrites, l.lostNodePodWrites(node, now, disrupted || restamp)...)
 		}
 	}
-	runWrites(ctx, writes)
+	if len(writes) > 0 {
+		start := time.Now()
+		runWrites(ctx, writes)
+		// When a member failed, how long its Nodes took after the verdict: the pass's own share (from now, the
+		// time the pass began) and the writes'.
+		l.c.Logger.Info("node health written", "nodes", len(writes), "pass", start.Sub(now).Round(time.Millisecond),
+			"writes", time.Since(start).Round(time.Millisecond))
+	}
 	l.writePods(ctx, podWrites)
 	for key := range l.taintSeen {
 		if !l.taintPresent[key] {

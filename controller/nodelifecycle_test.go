@@ -219,7 +219,6 @@ func TestEvictAt(t *testing.T) {
 type fakeMembers struct {
 	members   []gossip.Member
 	reachable map[string]bool // members that answer a direct probe
-	suspects  []string
 
 	mu     sync.Mutex
 	probed []string
@@ -228,7 +227,6 @@ type fakeMembers struct {
 func (f *fakeMembers) Members() []gossip.Member                 { return f.members }
 func (f *fakeMembers) SuspicionTimeout() time.Duration          { return 5 * time.Second }
 func (f *fakeMembers) Subscribe() (<-chan gossip.Event, func()) { return nil, func() {} }
-func (f *fakeMembers) Suspects() []string                       { return f.suspects }
 func (f *fakeMembers) Reachable(name string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -886,54 +884,5 @@ func TestConfirmFailuresRechecks(t *testing.T) {
 		if !slices.Equal(failed, st.wantFailed) {
 			t.Errorf("step %d: confirmed failures %v, want %v", i, failed, st.wantFailed)
 		}
-	}
-}
-
-// A member gossip suspects is probed during its suspicion: unreachable, its failure is confirmed before it is
-// declared dead, so the pass that sees it dead acts without probing again; one that answers is probed again
-// once dead; a confirmation stands while the member stays suspected and is forgotten when it refutes.
-func TestPreconfirmSuspects(t *testing.T) {
-	t0 := time.Date(2026, 11, 28, 3, 0, 0, 0, time.UTC)
-	fm := &fakeMembers{reachable: map[string]bool{"b": true}, suspects: []string{"a", "b"}}
-	l := &lifecycle{c: &Clients{Logger: hclog.NewNullLogger(), Members: fm},
-		failureConfirmed: map[string]time.Time{}, answering: map[string]bool{},
-		preconfirming: map[string]bool{}, preconfirmed: make(chan probeAnswer)}
-	ctx := context.Background()
-	l.preconfirm(ctx, t0)
-	l.preconfirm(ctx, t0.Add(100*time.Millisecond)) // probes out already: not sent twice
-	for range 2 {
-		l.notePreconfirmed(<-l.preconfirmed)
-	}
-	if got := fm.takeProbes(); !slices.Equal(got, []string{"a", "b"}) {
-		t.Fatalf("probed %v, want each suspect once", got)
-	}
-	if _, ok := l.failureConfirmed["a"]; !ok || len(l.failureConfirmed) != 1 {
-		t.Fatalf("confirmed %v, want a only", l.failureConfirmed)
-	}
-	// Still suspected: a pass keeps the confirmation.
-	l.confirmFailures(map[string]*gossip.Member{}, t0.Add(500*time.Millisecond))
-	if _, ok := l.failureConfirmed["a"]; !ok {
-		t.Fatal("a pass during the suspicion forgot a's confirmation")
-	}
-	// Both declared dead: a is not probed again, b is.
-	fm.suspects = nil
-	l.preconfirm(ctx, t0.Add(time.Second))
-	deadA, deadB := member("a", gossip.StatusDead, "n1"), member("b", gossip.StatusDead, "n2")
-	l.confirmFailures(map[string]*gossip.Member{"n1": &deadA, "n2": &deadB}, t0.Add(time.Second))
-	if got := fm.takeProbes(); !slices.Equal(got, []string{"b"}) {
-		t.Errorf("probed %v once dead, want b only", got)
-	}
-	if _, ok := l.failureConfirmed["a"]; !ok {
-		t.Error("a's confirmation lost when it was declared dead")
-	}
-	// A suspect that refutes: its confirmation goes with the next pass.
-	fm.suspects = []string{"c"}
-	l.preconfirm(ctx, t0.Add(2*time.Second))
-	l.notePreconfirmed(<-l.preconfirmed)
-	fm.suspects = nil
-	l.preconfirm(ctx, t0.Add(3*time.Second))
-	l.confirmFailures(map[string]*gossip.Member{}, t0.Add(3*time.Second))
-	if _, ok := l.failureConfirmed["c"]; ok {
-		t.Error("a member that refuted kept its confirmation")
 	}
 }

@@ -206,10 +206,14 @@ func TestReachableConfirmsAFailure(t *testing.T) {
 	if pa.Reachable("nobody") {
 		t.Fatal("an unknown member is reachable")
 	}
+	if ok, how := pa.probe("b"); !ok || how != probeAnswered {
+		t.Fatalf("an alive member's probe: %v, %s", ok, how)
+	}
 	pb.Shutdown()
 	waitFor(t, "a to see b fail", func() bool { m, _ := pa.Member("b"); return m.Status == StatusDead })
-	if pa.Reachable("b") {
-		t.Fatal("a stopped member is reachable")
+	// Nothing listens on b's port now: the refused connection decides, without waiting out the pings.
+	if ok, how := pa.probe("b"); ok || how != probeRefused {
+		t.Fatalf("a stopped member's probe: %v, %s; want refused", ok, how)
 	}
 	start("b", b, nil) // back at the same address, joining nobody: a's view of it is stale
 	time.Sleep(time.Second)
