@@ -42,6 +42,7 @@ var (
 	scaleIdle           = flag.Duration("scale.idle", time.Minute, "how long the idle cluster's store writes are counted")
 	scaleReport         = flag.String("scale.report", "", "a file the table is appended to, in Markdown")
 	scaleLatencyPods    = flag.Int("scale.latency-pods", 500, "pods of the pod startup SLI, created at 5 a second on the saturated cluster (clusterloader2's latency pods, at least 500)")
+	scaleServerHCL      = flag.String("scale.server-hcl", "", "more of Skiff's server block, in HCL (e.g. 'watch_history { age = \"90s\" }'), to measure a setting")
 	scaleDeadHosts      = flag.Int("scale.dead-hosts", 4, "Skiff's simulated agents killed one after another to time dead-node detection (Kubernetes: one kwok process)")
 )
 
@@ -132,7 +133,7 @@ type scaleTarget struct {
 // startSkiffScale starts three servers and ceil(nodes/-scale.nodes-per-member) simulated agents, and waits
 // for every node to be Ready.
 func startSkiffScale(b *testing.B, nodes int) *scaleTarget {
-	c := proctest.NewCluster(b, 3, fmt.Sprintf("token = %q", benchJoinToken))
+	c := proctest.NewCluster(b, 3, fmt.Sprintf("token = %q\n%s", benchJoinToken, *scaleServerHCL))
 	for _, p := range c.Procs {
 		c.Start(p)
 	}
