@@ -848,9 +848,9 @@ func (w *podWatcher) startups(latency bool) (startup, toBound, boundToReady []ti
 // The label that marks the latency pods, as clusterloader2 marks them.
 const latencyLabel, latencyGroup = "group", "latency"
 
-// latencyPods runs clusterloader2's pod-startup-latency module on the saturated cluster, whose running pods
-// are running: -scale.latency-pods one-replica Deployments spread over the namespaces, created at 5 a second
-// (its Uniform5qps), waited for, then deleted, and waited for until only the saturation's pods run again.
+// latencyPods runs clusterloader2's pod-startup-latency module on the saturated cluster, where running pods
+// run: -scale.latency-pods one-replica Deployments spread over the namespaces, created at 5 a second (its
+// Uniform5qps), waited for, then deleted, and waited for until only the saturation's pods run again.
 // Their startups are the pod startup SLI's sample: the saturation's pods are created as fast as the workload
 // goes, and clusterloader2 holds those to 1 h, not 5 s (its TODO, kubernetes/perf-tests#1024).
 func latencyPods(b *testing.B, t *scaleTarget, namespaces []string, lat *sliRecorder, w *podWatcher, running int) {
