@@ -216,12 +216,22 @@ func TestReachableConfirmsAFailure(t *testing.T) {
 		t.Fatalf("a stopped member's probe: %v, %s; want refused", ok, how)
 	}
 	start("b", b, nil) // back at the same address, joining nobody: a's view of it is stale
-	time.Sleep(time.Second)
-	if m, _ := pa.Member("b"); m.Status != StatusDead {
-		t.Fatalf("b is %s in a's view before any probe; the test needs a stale view", m.Status)
-	}
-	if !pa.Reachable("b") {
-		t.Fatal("a member held as failed that answers is not reachable")
+	// The view does not stay stale on its own: a keeps gossiping to the dead for a while, and b refutes its
+	// death once that reaches it. So the stale view is set here, and a probe counts only if the view stayed
+	// stale until it returned; once memberlist has b alive again, nothing turns it back.
+	staleNode := &memberlist.Node{Name: "b", Addr: net.ParseIP("127.0.0.1"), Port: uint16(b)}
+	for try := 0; ; try++ {
+		pa.record(EventLeave, staleNode)
+		reachable := pa.Reachable("b")
+		if m, _ := pa.Member("b"); m.Status == StatusDead {
+			if !reachable {
+				t.Fatal("a member held as failed that answers is not reachable")
+			}
+			return
+		}
+		if try == 10 {
+			t.Fatal("b's view never stayed stale through a probe")
+		}
 	}
 }
 
