@@ -2,7 +2,10 @@ package bench
 
 import (
 	"context"
+	"flag"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -19,6 +22,21 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	proctest.RemoveBuiltBinary()
 	os.Exit(code)
+}
+
+// firstCallOfTwo reports whether this call of a benchmark is the testing package's first, with b.N = 1, made
+// only to be followed by the call with -benchtime's count: a benchmark without b.Loop is called once with
+// b.N = 1 before the run that counts, even with a fixed count ("200x"). Those here start clusters, which
+// that first call would start (and stop) for nothing. With a duration as -benchtime the first call sizes the
+// next, and must run.
+func firstCallOfTwo(b *testing.B) bool {
+	benchtime := flag.Lookup("test.benchtime")
+	if b.N != 1 || benchtime == nil {
+		return false
+	}
+	count, isCount := strings.CutSuffix(benchtime.Value.String(), "x")
+	n, err := strconv.Atoi(count)
+	return isCount && err == nil && n > 1
 }
 
 // createNamespace creates a namespace and waits for its default service account, as a user of a fresh

@@ -73,6 +73,9 @@ func runWrites(b *testing.B, concurrency, ops int, prefix string, w writer) late
 // at concurrency 1, 16 and 256. Worker i writes through member i%3 in both systems, so followers forward.
 // b.N is the number of writes; run with -benchtime=20000x for stable figures.
 func BenchmarkWrite(b *testing.B) {
+	if firstCallOfTwo(b) {
+		return
+	}
 	etcd := startEtcd(b)
 	skiff := rt.TestCluster(b, 3, func(c *raftnode.Config) {
 		d := raftnode.DefaultConfig()

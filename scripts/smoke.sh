@@ -25,7 +25,7 @@ bench            Scheduler                                  1x    -sched.nodes=2
 scheduler        CacheMemory                                1x    -mem.nodes=500 -mem.pods=5000
 bench            Workloads                                  1x    -workloads.job-completions=50 -workloads.statefulset-replicas=10 -workloads.nodes=5
 bench            ^BenchmarkScale$                           1x    -scale.steps=20 -scale.pods-per-node=5 -scale.nodes-per-member=10 -scale.idle=5s -scale.latency-pods=20 -scale.systems=skiff
-bench            NodeDetection                              1x    -detect.trials=1 -detect.nodes=50
+bench            NodeDetection                              1x    -detect.trials=1 -detect.nodes=50 -detect.cpu-sample=2s
 gossip           GossipConvergence                          1x    -gossip.members=10
 nodeagent/proxy  BuildRules|Sync|RestoreOnly                1x    -proxy.services=100
 nodeagent/netpol Build|PolicySync                          5x    -netpol.policies=100 -netpol.pods=500
