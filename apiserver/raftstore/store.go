@@ -61,6 +61,7 @@ type Store struct {
 	newFunc        func() runtime.Object
 	newListFunc    func() runtime.Object
 	transformer    atomic.Pointer[transformerHolder]
+	compress       bool // values are compressed (compress.go): every resource's but Secrets'
 	shared         *memshare.Registry
 
 	mu       sync.Mutex
@@ -79,6 +80,7 @@ func New(c Config) *Store {
 		backend: c.Backend, codec: c.Codec, versioner: storage.APIObjectVersioner{},
 		pathPrefix: prefix, resourcePrefix: c.ResourcePrefix, groupResource: c.GroupResource,
 		newFunc: c.NewFunc, newListFunc: c.NewListFunc, watchers: map[*watchChan]struct{}{}, shared: c.Shared,
+		compress: c.GroupResource != schema.GroupResource{Resource: "secrets"},
 	}
 	if s.shared == nil {
 		s.shared = memshare.NewRegistry()
@@ -99,12 +101,16 @@ func (s *Store) SetTransformer(t value.Transformer) {
 	s.transformer.Store(&transformerHolder{t})
 }
 
-// toStorage turns the codec's bytes for key into what the store holds. The key is the authenticated data,
-// as kube-apiserver's etcd3 store uses it, so a value cannot be moved to another key unnoticed.
+// toStorage turns the codec's bytes for key into what the store holds: encrypted or compressed. The key is
+// the authenticated data, as kube-apiserver's etcd3 store uses it, so a value cannot be moved to another key
+// unnoticed.
 func (s *Store) toStorage(ctx context.Context, key string, data []byte) ([]byte, error) {
 	out, err := s.transformer.Load().TransformToStorage(ctx, data, value.DefaultContext(key))
 	if err != nil {
 		return nil, storage.NewInternalError(fmt.Errorf("encrypting %s: %w", key, err))
+	}
+	if s.compress {
+		out = compressValue(out)
 	}
 	return out, nil
 }
@@ -112,6 +118,9 @@ func (s *Store) toStorage(ctx context.Context, key string, data []byte) ([]byte,
 // decodeStored turns what the store holds for key back into an object; stale says the value was written
 // with another key or provider than the first one configured, and should be rewritten.
 func (s *Store) decodeStored(ctx context.Context, key string, stored []byte, into runtime.Object, rev int64) (data []byte, stale bool, err error) {
+	if stored, err = decompressValue(stored); err != nil {
+		return nil, false, storage.NewInternalError(fmt.Errorf("%s: %w", key, err))
+	}
 	data, stale, err = s.transformer.Load().TransformFromStorage(ctx, stored, value.DefaultContext(key))
 	if err != nil {
 		return nil, false, storage.NewInternalError(fmt.Errorf("cannot decrypt %s: check the servers' encryption configuration (its keys must include the one that wrote it): %w", key, err))
@@ -562,8 +571,8 @@ func (s *Store) GetCurrentResourceVersion(ctx context.Context) (uint64, error) {
 func (s *Store) CompactRevision() int64 { return s.backend.Store().CompactedRevision() }
 
 // ReadKey reads one key's value after a linearizable read, for the few server paths that look at a stored
-// object outside its resource's storage (found false when it is absent). The value is the store's: do not
-// change it.
+// object outside its resource's storage (found false when it is absent); a compressed value is returned
+// decompressed, an encrypted one as it is. The value may be the store's: do not change it.
 func ReadKey(ctx context.Context, backend Backend, key string) (value []byte, found bool, err error) {
 	if err := backend.LinearizableRead(ctx); err != nil {
 		return nil, false, MapBackendError(err)
@@ -575,5 +584,8 @@ func ReadKey(ctx context.Context, backend Backend, key string) (value []byte, fo
 	if err != nil {
 		return nil, false, err
 	}
-	return kv.Value, true, nil
+	if value, err = decompressValue(kv.Value); err != nil {
+		return nil, false, fmt.Errorf("%s: %w", key, err)
+	}
+	return value, true, nil
 }
