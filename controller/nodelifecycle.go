@@ -376,7 +376,7 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 	// go to the background writer. A dead gossip member takes its Nodes down together: at hundreds of Nodes,
 	// one at a time, each followed by its pods, the last Node of a dead member was marked a minute after the
 	// first, and a pass that waited for the pods held the next dead member's Nodes back for 25 s.
-	var writes []func(context.Context)
+	var writes []healthWrite
 	var podWrites []podWrite
 	for _, node := range nodes {
 		h, judged := health[node.Name]
@@ -389,11 +389,7 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 		// Leaving full disruption, tolerations count afresh from now, as Kubernetes re-taints its nodes, rather
 		// than from before the disruption, which would evict everything at once.
 		if restamp := restamp && h == healthUnreachable; restamp || l.healthDiffers(node, h, now) {
-			writes = append(writes, func(ctx context.Context) {
-				if err := l.setNodeHealth(ctx, node, h, now, restamp); err != nil && ctx.Err() == nil {
-					l.c.Logger.Warn("updating node health", "node", node.Name, "error", err)
-				}
-			})
+			writes = append(writes, healthWrite{node: node, health: h, restamp: restamp})
 		}
 		if h == healthUnreachable || h == healthShutdown {
 			// No evictions in the pass that restamps: the node here still carries the old taint times.
@@ -402,11 +398,11 @@ func (l *lifecycle) reconcile(ctx context.Context, now time.Time) {
 	}
 	if len(writes) > 0 {
 		start := time.Now()
-		runWrites(ctx, writes)
+		conditions := l.writeHealth(ctx, writes, now)
 		// When a member failed, how long its Nodes took after the verdict: the pass's own share (from now, the
-		// time the pass began) and the writes'.
+		// time the pass began), the Ready conditions' writes and all the writes'.
 		l.c.Logger.Info("node health written", "nodes", len(writes), "pass", start.Sub(now).Round(time.Millisecond),
-			"writes", time.Since(start).Round(time.Millisecond))
+			"conditions", conditions.Round(time.Millisecond), "writes", time.Since(start).Round(time.Millisecond))
 	}
 	l.writePods(ctx, podWrites)
 	for key := range l.taintSeen {
@@ -446,9 +442,46 @@ func (l *lifecycle) healthDiffers(node *corev1.Node, h nodeHealth, now time.Time
 	return taintsChange || readyDiffers(node, h)
 }
 
-// setNodeHealth writes the Node's Ready condition and health taints when they differ from what h asks.
-// restamp sets the health NoExecute taints' TimeAdded to now.
-func (l *lifecycle) setNodeHealth(ctx context.Context, node *corev1.Node, h nodeHealth, now time.Time, restamp bool) error {
+// healthWrite is a Node whose health a pass writes.
+type healthWrite struct {
+	node    *corev1.Node
+	health  nodeHealth
+	restamp bool // set the health NoExecute taints' TimeAdded to now
+}
+
+// writeHealth writes the Nodes' Ready conditions, every one of them first, then their health taints, and
+// returns how long the conditions took. The condition is what says a failed member's Nodes are down
+// (Ready=Unknown); when each writer wrote a Node's taints right after its condition, the last Nodes of a
+// dead member waited for the taints of the first. A Node whose condition could not be written keeps its
+// taints until the next pass.
+func (l *lifecycle) writeHealth(ctx context.Context, writes []healthWrite, now time.Time) time.Duration {
+	start := time.Now()
+	written := make([]*corev1.Node, len(writes))
+	workqueue.ParallelizeUntil(ctx, lifecycleWriters, len(writes), func(i int) {
+		node, err := l.setNodeReady(ctx, writes[i].node, writes[i].health, now)
+		if err != nil {
+			if ctx.Err() == nil {
+				l.c.Logger.Warn("updating node health", "node", writes[i].node.Name, "error", err)
+			}
+			return
+		}
+		written[i] = node
+	})
+	conditions := time.Since(start)
+	workqueue.ParallelizeUntil(ctx, lifecycleWriters, len(writes), func(i int) {
+		if written[i] == nil {
+			return
+		}
+		if err := l.setNodeTaints(ctx, written[i], writes[i].health, now, writes[i].restamp); err != nil && ctx.Err() == nil {
+			l.c.Logger.Warn("updating node health taints", "node", written[i].Name, "error", err)
+		}
+	})
+	return conditions
+}
+
+// setNodeReady writes the Node's Ready condition when it differs from what h asks, and returns the Node as
+// it is now.
+func (l *lifecycle) setNodeReady(ctx context.Context, node *corev1.Node, h nodeHealth, now time.Time) (*corev1.Node, error) {
 	want := wantReady(h)
 	if readyDiffers(node, h) {
 		updated := node.DeepCopy()
@@ -465,10 +498,16 @@ func (l *lifecycle) setNodeHealth(ctx context.Context, node *corev1.Node, h node
 		}
 		var err error
 		if node, err = l.c.Kube.CoreV1().Nodes().UpdateStatus(ctx, updated, metav1.UpdateOptions{}); err != nil {
-			return err
+			return nil, err
 		}
 		l.c.Logger.Info("node health changed", "node", node.Name, "ready", want.Status, "reason", want.Reason)
 	}
+	return node, nil
+}
+
+// setNodeTaints writes the Node's health taints when they differ from what h asks; restamp sets the health
+// NoExecute taints' TimeAdded to now.
+func (l *lifecycle) setNodeTaints(ctx context.Context, node *corev1.Node, h nodeHealth, now time.Time, restamp bool) error {
 	if restamp {
 		node = restampNoExecute(node, now)
 	}

@@ -565,6 +565,43 @@ func TestReconcileLifecycle(t *testing.T) {
 			},
 		},
 		{
+			name: "a dead member's nodes: every Ready condition written before any taint",
+			world: func() lifecycleWorld {
+				// As many alive nodes again, and one more, so that the pass is not in full-disruption mode.
+				w := lifecycleWorld{warmAt: past}
+				var dead, alive []string
+				for i := range 6*lifecycleWriters + 1 {
+					name := fmt.Sprintf("n-%02d", i)
+					if i < 3*lifecycleWriters {
+						dead = append(dead, name)
+					} else {
+						alive = append(alive, name)
+					}
+					w.nodes = append(w.nodes, testNode(name, ready))
+				}
+				w.members = []gossip.Member{member("a-dead", gossip.StatusDead, dead...), member("a-alive", gossip.StatusAlive, alive...)}
+				return w
+			}(),
+			check: func(t *testing.T, h *lifecycleHarness) {
+				var conditions, taints int
+				for _, w := range h.writes() {
+					switch {
+					case strings.HasPrefix(w, "update nodes/status "):
+						if taints > 0 {
+							t.Fatalf("a Ready condition written after %d taints: %s", taints, w)
+						}
+						conditions++
+					case strings.HasPrefix(w, "update nodes "):
+						taints++
+					}
+				}
+				if want := 3 * lifecycleWriters; conditions != want || taints != want {
+					t.Errorf("%d conditions and %d taints written, want %d of each", conditions, taints, want)
+				}
+				checkNode(t, h, "n-00", corev1.ConditionUnknown, "NodeStatusUnknown", unr(now))
+			},
+		},
+		{
 			name: "a failed member that answers a probe: its nodes and pods are left alone",
 			world: lifecycleWorld{
 				warmAt: past,
