@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -126,9 +127,16 @@ type Server struct {
 	aggregator *aggregatorapiserver.APIAggregator
 }
 
+// building serializes New. k8s.io/apiserver registers its process-wide metrics while the first server is
+// built, and a server built at the same time already sets them (flow control's gauges): a data race that
+// tests building servers side by side met. A process that builds one server never waits.
+var building sync.Mutex
+
 // New builds the API server: the library's generic server with Skiff's scheme, registry, storage,
 // authentication, authorization and admission.
 func New(c Config) (*Server, error) {
+	building.Lock()
+	defer building.Unlock()
 	cfg := genericapiserver.NewRecommendedConfig(Codecs)
 	cfg.EffectiveVersion = newServedVersion()
 	cfg.BuildHandlerChainFunc = func(h http.Handler, c *genericapiserver.Config) http.Handler {
