@@ -272,22 +272,14 @@ func (s *storeWithPrefixTransformer) UpdatePrefixTransformer(modifier storagetes
 // resourceVersion.
 func storedWithPrefix(e *testEnv, s *Store) storagetesting.KeyValidation {
 	return func(ctx context.Context, t *testing.T, key string) {
-		key, err := s.prepareKey(key, false)
+		value, err := decompressValue(stored(t, e, s, key)) // the test's prefix is no encryption: the value may be compressed
 		if err != nil {
 			t.Fatal(err)
 		}
-		kv, _, err := e.backend.Store().Get(key)
-		if err != nil {
-			t.Fatalf("reading %s: %v", key, err)
+		if !bytes.HasPrefix(value, []byte(testPrefix)) {
+			t.Fatalf("%s is stored without the transformer's prefix: %q", key, value)
 		}
-		stored, err := decompressValue(kv.Value) // the test's prefix is no encryption: the value may be compressed
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !bytes.HasPrefix(stored, []byte(testPrefix)) {
-			t.Fatalf("%s is stored without the transformer's prefix: %q", key, stored)
-		}
-		obj, err := runtime.Decode(s.codec, stored[len(testPrefix):])
+		obj, err := runtime.Decode(s.codec, value[len(testPrefix):])
 		if err != nil {
 			t.Fatalf("decoding %s: %v", key, err)
 		}
