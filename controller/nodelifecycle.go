@@ -457,7 +457,7 @@ type healthWrite struct {
 func (l *lifecycle) writeHealth(ctx context.Context, writes []healthWrite, now time.Time) time.Duration {
 	start := time.Now()
 	written := make([]*corev1.Node, len(writes))
-	workqueue.ParallelizeUntil(ctx, lifecycleWriters, len(writes), func(i int) {
+	inParallel(ctx, len(writes), func(i int) {
 		node, err := l.setNodeReady(ctx, writes[i].node, writes[i].health, now)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -468,7 +468,7 @@ func (l *lifecycle) writeHealth(ctx context.Context, writes []healthWrite, now t
 		written[i] = node
 	})
 	conditions := time.Since(start)
-	workqueue.ParallelizeUntil(ctx, lifecycleWriters, len(writes), func(i int) {
+	inParallel(ctx, len(writes), func(i int) {
 		if written[i] == nil {
 			return
 		}
@@ -525,9 +525,14 @@ func (l *lifecycle) setNodeTaints(ctx context.Context, node *corev1.Node, h node
 // controller updates Nodes with several workers.
 const lifecycleWriters = 16
 
+// inParallel calls write(i) for i in [0, n), lifecycleWriters at a time, and returns when all are done.
+func inParallel(ctx context.Context, n int, write func(i int)) {
+	workqueue.ParallelizeUntil(ctx, lifecycleWriters, n, write)
+}
+
 // runWrites runs a pass's writes, lifecycleWriters at a time, and returns when all are done.
 func runWrites(ctx context.Context, writes []func(context.Context)) {
-	workqueue.ParallelizeUntil(ctx, lifecycleWriters, len(writes), func(i int) { writes[i](ctx) })
+	inParallel(ctx, len(writes), func(i int) { writes[i](ctx) })
 }
 
 // podWrite is one write to a pod that a pass decided on; key names the pod and what is done to it.
